@@ -1,0 +1,44 @@
+"""hubgym: RL environments for language models as plain data.
+
+An environment is a `datasets` builder that emits typed task rows plus a pure verifier module
+that scores trajectories. `import hubgym` stays light: heavy pieces load on first use.
+
+    import hubgym
+    tasks = hubgym.build_tasks("arithmetic", "easy")["test"]
+    verifier = hubgym.resolve_env("arithmetic").verifier()
+    score = verifier.score(tasks[0], [hubgym.assistant("<answer>7</answer>")])
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    # schemas
+    "SCHEMA_VERSION": "hubgym.schemas", "Message": "hubgym.schemas", "Task": "hubgym.schemas",
+    "Rollout": "hubgym.schemas", "make_task": "hubgym.schemas", "interaction": "hubgym.schemas",
+    "system": "hubgym.schemas", "user": "hubgym.schemas", "assistant": "hubgym.schemas",
+    "tool_call": "hubgym.schemas", "tool_result": "hubgym.schemas",
+    "validate_tasks": "hubgym.schemas", "validate_rollouts": "hubgym.schemas",
+    # builders
+    "TaskBuilder": "hubgym.builders", "TaskConfig": "hubgym.builders", "resolve_env": "hubgym.builders",
+    "env_names": "hubgym.builders", "build_tasks": "hubgym.builders", "build_files": "hubgym.builders",
+    # verifiers
+    "Verifier": "hubgym.verifiers", "Score": "hubgym.verifiers", "load_verifier": "hubgym.verifiers",
+    # tools
+    "tool": "hubgym.tools", "Tool": "hubgym.tools", "ToolSet": "hubgym.tools", "Toolbox": "hubgym.tools",
+    "make_toolbox": "hubgym.tools",
+    # conformance
+    "check_env": "hubgym.conformance",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hubgym' has no attribute {name!r}")

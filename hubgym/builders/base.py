@@ -1,0 +1,128 @@
+"""TaskBuilder: an environment's task generator, as a Hugging Face `datasets` builder.
+
+A builder is a config dataclass plus `generate_tasks`. The base class supplies the fixed task
+features (`_info`), one split per entry of `config.sizes` (`_split_generators`, override it to
+read real data), and `_generate_examples`, which checks every row and keys it by its
+content-derived id.
+
+    class Countdown(TaskBuilder):
+        ENV, VERIFIER, GOLDEN = "countdown", "hubgym.verifiers.countdown", "golden/countdown.jsonl"
+        BUILDER_CONFIGS = [TaskConfig(name="easy")]
+
+        def generate_tasks(self, split, size, seed):
+            rng = random.Random(seed)
+            ...
+            yield make_task(self.ENV, [user(question)], {"answer": answer})
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+import datasets
+
+from hubgym.errors import EnvContractError, Where
+from hubgym.schemas.tasks import TASK_COLUMNS, TASK_FEATURES, Kind, Task
+from hubgym.verifiers.contract import Verifier, load_verifier
+from hubgym.verifiers.golden import GoldenCase, load_golden
+
+
+@dataclass
+class TaskConfig(datasets.BuilderConfig):
+    """A builder config: a name, a seed, and how many tasks each split gets."""
+
+    seed: int = 0
+    sizes: dict[str, int] = field(default_factory=lambda: {"train": 1000, "test": 100})
+
+
+class TaskBuilder(datasets.GeneratorBasedBuilder):
+    """Base class of every environment builder. Subclasses set the class attributes below."""
+
+    ENV: ClassVar[str]  # name, and the value of the `env` column
+    ENV_VERSION: ClassVar[int] = 1  # bump when what the verifier rewards changes
+    KIND: ClassVar[Kind] = "single_turn"  # the interaction kind of (most of) its rows
+    VERIFIER: ClassVar[str]  # dotted module name, or a .py path relative to the builder's file
+    GOLDEN: ClassVar[str]  # golden cases (JSONL), relative to the builder's file
+    TOOLS: ClassVar[tuple[str, ...]] = ()  # tools its rows may offer (for the catalog)
+
+    BUILDER_CONFIG_CLASS = TaskConfig
+    BUILDER_CONFIGS = [TaskConfig(name="default")]
+    DEFAULT_CONFIG_NAME = None  # the first config
+
+    def _info(self) -> datasets.DatasetInfo:
+        return datasets.DatasetInfo(description=inspect.getdoc(type(self)) or "", features=TASK_FEATURES)
+
+    def _split_generators(self, dl_manager) -> list[datasets.SplitGenerator]:
+        """One split per `config.sizes` entry, each with its own seed derived from the config seed."""
+        return [
+            datasets.SplitGenerator(name=split, gen_kwargs={"split": split, "size": size,
+                                                            "seed": split_seed(self.config.seed, split)})
+            for split, size in self.config.sizes.items()
+        ]
+
+    def generate_tasks(self, split: str, **kwargs: Any) -> Iterator[Task]:
+        """Yield task rows (built with `hubgym.make_task`) for one split. Must be deterministic."""
+        raise EnvContractError(f"{type(self).__name__} does not define generate_tasks", Where(self.ENV, self.config.name, split),
+                               "define generate_tasks(self, split, **gen_kwargs) yielding rows from hubgym.make_task")
+
+    def _generate_examples(self, split: str, **kwargs: Any) -> Iterator[tuple[str, Task]]:
+        seen: set[str] = set()
+        for row in self.generate_tasks(split, **kwargs):
+            where = Where(self.ENV, self.config.name, split, row.get("id"))
+            _check_row(row, where)
+            if row["id"] in seen:
+                raise EnvContractError(f"task id {row['id']!r} was generated twice", Where(**{**where.__dict__, "field": "id"}),
+                                       "generate_tasks must not repeat a task: draw until the split has `size` distinct tasks")
+            seen.add(row["id"])
+            yield row["id"], {**row, "split": row.get("split") or split}
+
+    # -- the environment around the builder ------------------------------------------------
+
+    @classmethod
+    def env_id(cls) -> str:
+        """Versioned id, e.g. 'arithmetic-v1'."""
+        return f"{cls.ENV}-v{cls.ENV_VERSION}"
+
+    @classmethod
+    def source_dir(cls) -> Path:
+        return Path(inspect.getfile(cls)).parent
+
+    @classmethod
+    def verifier(cls) -> Verifier:
+        return _verifier(cls)
+
+    @classmethod
+    def golden_cases(cls) -> list[GoldenCase]:
+        return load_golden(cls.source_dir() / cls.GOLDEN, env=cls.ENV)
+
+    @classmethod
+    def config_names(cls) -> list[str]:
+        return [c.name for c in cls.BUILDER_CONFIGS]
+
+
+@cache
+def _verifier(cls: type[TaskBuilder]) -> Verifier:
+    return load_verifier(cls.VERIFIER, relative_to=cls.source_dir(), env=cls.ENV)
+
+
+def split_seed(seed: int, split: str) -> int:
+    """A per-split seed, so train and test draw different tasks from the same config seed."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{split}".encode()).digest()[:4], "big")
+
+
+def _check_row(row: Any, where: Where) -> None:
+    if not isinstance(row, dict):
+        raise EnvContractError(f"generate_tasks yielded {type(row).__name__}, not a task dict", where,
+                               "yield rows built with hubgym.make_task(...)")
+    missing = [c for c in TASK_COLUMNS if c not in row]
+    if missing:
+        raise EnvContractError(f"task row lacks {missing}", Where(**{**where.__dict__, "field": missing[0]}),
+                               "build rows with hubgym.make_task(...), which fills every column")
+    if not isinstance(row["info"], dict):
+        raise EnvContractError(f"info is {type(row['info']).__name__}, not a dict", Where(**{**where.__dict__, "field": "info"}),
+                               "put everything the verifier needs in a JSON object")

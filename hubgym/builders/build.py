@@ -1,0 +1,36 @@
+"""Build an environment's tasks: into a `datasets` Dataset, or into Parquet/Arrow files on disk."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import datasets
+
+from hubgym.builders.base import TaskBuilder
+from hubgym.builders.registry import resolve_env
+
+
+def make_builder(env: str | type[TaskBuilder], config: str | None = None, cache_dir: str | Path | None = None) -> TaskBuilder:
+    """Instantiate a builder; `cache_dir` defaults to a fresh temporary folder (no shared cache state)."""
+    cls = resolve_env(env)
+    cache_dir = cache_dir or tempfile.mkdtemp(prefix="hubgym-build-")
+    return cls(config_name=config or cls.config_names()[0], cache_dir=str(cache_dir))
+
+
+def build_tasks(env: str | type[TaskBuilder], config: str | None = None, *,
+                cache_dir: str | Path | None = None) -> datasets.DatasetDict:
+    """Generate every split of one config and return it as a DatasetDict (Arrow-backed)."""
+    builder = make_builder(env, config, cache_dir)
+    builder.download_and_prepare(download_mode="force_redownload", verification_mode="no_checks")
+    return builder.as_dataset()
+
+
+def build_files(env: str | type[TaskBuilder], config: str | None, out_dir: str | Path,
+                file_format: str = "parquet") -> list[Path]:
+    """Write one config's splits as `<out_dir>/<config>/<env>-<split>.<fmt>` shards; return the files."""
+    builder = make_builder(env, config)
+    target = Path(out_dir) / builder.config.name
+    builder.download_and_prepare(output_dir=str(target), file_format=file_format,
+                                 download_mode="force_redownload", verification_mode="no_checks")
+    return sorted(target.glob(f"*.{file_format}"))

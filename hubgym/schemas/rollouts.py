@@ -1,0 +1,130 @@
+"""The Rollout row: one sampled trajectory, with everything needed to re-score and to train.
+
+Token record invariant: `len(completion_ids) == len(completion_mask) == len(completion_logprobs)`;
+mask 1 marks tokens the model sampled, mask 0 marks tool and environment tokens (their
+logprobs are 0.0 and they get no gradient).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, TypedDict
+
+import datasets
+
+from hubgym.schemas.messages import MESSAGE_FEATURES, Message
+from hubgym.schemas.tasks import INTERACTION_FEATURES, Interaction
+
+ERROR_BOUNDARIES: tuple[str, ...] = ("engine", "tool", "verifier", "parse", "env")
+
+
+class RowError(TypedDict):
+    """What failed while producing or scoring a row. A row with an error is left out of advantages."""
+
+    boundary: str  # one of ERROR_BOUNDARIES: which component failed
+    type: str  # exception class name
+    message: str
+
+
+class Metric(TypedDict):
+    name: str
+    value: float
+
+
+class Provenance(TypedDict):
+    model: str
+    policy_version: int
+    sampling: str  # JSON of the sampling arguments
+    env_repo: str | None
+    env_revision: str | None
+    verifier_module: str
+    verifier_sha256: str
+    engine: str
+    engine_version: str
+    chat_template_sha256: str | None
+
+
+class Timings(TypedDict):
+    generate_s: float
+    tools_s: float
+    score_s: float
+    total_s: float
+
+
+class Rollout(TypedDict):
+    rollout_id: str
+    run_id: str
+    task_id: str
+    env: str
+    group: str
+    sample: int
+    prompt: list[Message]
+    completion: list[Message]
+    info: dict[str, Any]
+    interaction: Interaction
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    completion_mask: list[int]
+    completion_logprobs: list[float]
+    tokens_consistent: bool
+    reward: float | None
+    metrics: list[Metric]
+    finish_reason: str
+    truncated: bool
+    num_turns: int
+    error: RowError | None
+    provenance: Provenance
+    timings: Timings
+    created_at: datetime
+
+
+ROLLOUT_FEATURES = datasets.Features(
+    {
+        "rollout_id": datasets.Value("string"),
+        "run_id": datasets.Value("string"),
+        "task_id": datasets.Value("string"),
+        "env": datasets.Value("string"),
+        "group": datasets.Value("string"),
+        "sample": datasets.Value("int32"),
+        "prompt": datasets.List(MESSAGE_FEATURES),
+        "completion": datasets.List(MESSAGE_FEATURES),
+        "info": datasets.Json(),
+        "interaction": INTERACTION_FEATURES,
+        "prompt_ids": datasets.List(datasets.Value("int32")),
+        "completion_ids": datasets.List(datasets.Value("int32")),
+        "completion_mask": datasets.List(datasets.Value("int8")),
+        "completion_logprobs": datasets.List(datasets.Value("float32")),
+        "tokens_consistent": datasets.Value("bool"),
+        "reward": datasets.Value("float64"),
+        "metrics": datasets.List({"name": datasets.Value("string"), "value": datasets.Value("float64")}),
+        "finish_reason": datasets.Value("string"),
+        "truncated": datasets.Value("bool"),
+        "num_turns": datasets.Value("int32"),
+        "error": {
+            "boundary": datasets.Value("string"),
+            "type": datasets.Value("string"),
+            "message": datasets.Value("string"),
+        },
+        "provenance": {
+            "model": datasets.Value("string"),
+            "policy_version": datasets.Value("int64"),
+            "sampling": datasets.Value("string"),
+            "env_repo": datasets.Value("string"),
+            "env_revision": datasets.Value("string"),
+            "verifier_module": datasets.Value("string"),
+            "verifier_sha256": datasets.Value("string"),
+            "engine": datasets.Value("string"),
+            "engine_version": datasets.Value("string"),
+            "chat_template_sha256": datasets.Value("string"),
+        },
+        "timings": {
+            "generate_s": datasets.Value("float64"),
+            "tools_s": datasets.Value("float64"),
+            "score_s": datasets.Value("float64"),
+            "total_s": datasets.Value("float64"),
+        },
+        "created_at": datasets.Value("timestamp[us, tz=UTC]"),
+    }
+)
+ROLLOUT_SCHEMA = ROLLOUT_FEATURES.arrow_schema
+ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)

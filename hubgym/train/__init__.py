@@ -1,0 +1,1 @@
+"""Train: GRPO on DeepSpeed (shard stream, groups, advantages, losses, checkpoints, weight sync)."""

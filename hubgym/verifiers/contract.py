@@ -1,0 +1,210 @@
+"""The verifier contract: a module of pure functions that scores what a model did.
+
+A verifier module declares
+
+    REWARDS = {correct_answer: 1.0, well_formatted: 0.0}   # fn(task, completion) -> float; weight 0 = metric
+    REWARD_RANGE = (0.0, 1.0)                               # optional; bounds of the total reward
+
+and, for multi_turn environments, the MDP:
+
+    def reset(task) -> (state, observation)
+    def step(task, state, action) -> (state, observation, reward, done)
+
+where `state` is JSON data. The total reward is the weighted sum of REWARDS, plus the summed
+step rewards (component "steps") for multi_turn, plus per-call tool shaping (component
+"tool_calls") when the task's interaction spec has `tool_rewards`.
+
+Pure means deterministic, no network, no filesystem writes, no global state: a stored
+rollout can be re-scored and replayed anywhere, forever. A verifier exception is never a
+reward: `score` records it on the result and leaves `reward` as None.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from hubgym.errors import VerifierLoadError, Where
+from hubgym.schemas.messages import Message, user
+from hubgym.schemas.rollouts import RowError
+from hubgym.schemas.tasks import Task
+from hubgym.verifiers.rewards import tool_call_reward
+
+State = Any  # JSON-serializable
+RewardFn = Callable[[Task, list[Message]], float]
+ResetFn = Callable[[Task], tuple[State, str]]
+StepFn = Callable[[Task, State, str], tuple[State, str, float, bool]]
+
+
+@dataclass(frozen=True)
+class Score:
+    """The result of scoring one trajectory. `reward` is None exactly when `error` is set."""
+
+    reward: float | None
+    components: dict[str, float]
+    error: RowError | None = None
+
+
+@dataclass(frozen=True)
+class Step:
+    action: str
+    observation: str
+    reward: float
+    done: bool
+    state: State
+
+
+@dataclass(frozen=True)
+class Episode:
+    """A multi_turn episode: the reset observation and one Step per action."""
+
+    observation: str
+    steps: list[Step] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return bool(self.steps) and self.steps[-1].done
+
+    def completion(self) -> list[Message]:
+        """The trajectory as messages: each action as an assistant turn, each observation as a user turn."""
+        from hubgym.schemas.messages import assistant
+
+        messages: list[Message] = []
+        for s in self.steps:
+            messages.append(assistant(s.action))
+            if s.observation:
+                messages.append(user(s.observation))
+        return messages
+
+
+def actions_of(completion: list[Message]) -> list[str]:
+    """Environment actions: assistant turns that are not tool calls, in order."""
+    return [m["content"] or "" for m in completion if m["role"] == "assistant" and not m.get("tool_calls")]
+
+
+class Verifier:
+    """A loaded, validated verifier module."""
+
+    def __init__(self, module: ModuleType, env: str | None = None):
+        self.module = module
+        self.name = module.__name__
+        self.env = env
+        self.source_path = Path(inspect.getsourcefile(module) or "")
+        self.sha256 = hashlib.sha256(self.source_path.read_bytes()).hexdigest() if self.source_path.is_file() else ""
+        self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
+        self.reset: ResetFn | None = getattr(module, "reset", None)
+        self.step: StepFn | None = getattr(module, "step", None)
+        self.reward_range: tuple[float, float] = _read_range(module, env)
+        _check_mdp(module, env, self.reset, self.step)
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.step is not None
+
+    def run_episode(self, task: Task, actions: list[str]) -> Episode:
+        """Reset, then apply `actions` until the episode is done (extra actions are ignored)."""
+        if self.reset is None or self.step is None:
+            raise VerifierLoadError(f"verifier {self.name!r} has no reset/step", Where(env=self.env, field="step"),
+                                    "only multi_turn verifiers can run episodes")
+        state, observation = self.reset(task)
+        episode = Episode(observation)
+        for action in actions:
+            state, obs, reward, done = self.step(task, state, action)
+            episode.steps.append(Step(action, obs, float(reward), bool(done), state))
+            if done:
+                break
+        return episode
+
+    def score(self, task: Task, completion: list[Message]) -> Score:
+        """Score a trajectory. Exceptions and non-finite rewards become `Score.error`, never a reward."""
+        components: dict[str, float] = {}
+        total = 0.0
+        try:
+            for name, (fn, weight) in self.rewards.items():
+                components[name] = _as_reward(fn(task, completion), name)
+                total += weight * components[name]
+            if self.multi_turn:
+                components["steps"] = sum(s.reward for s in self.run_episode(task, actions_of(completion)).steps)
+                total += components["steps"]
+            if task["interaction"]["tool_rewards"]:
+                components["tool_calls"] = tool_call_reward(task, completion)
+                total += components["tool_calls"]
+        except Exception as exc:  # a bad rollout is data, not a crash
+            error: RowError = {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:2000]}
+            return Score(None, components, error)
+        return Score(total, components)
+
+
+def _as_reward(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"reward function {name!r} returned {value!r}; it must return a finite float")
+    return float(value)
+
+
+def _read_rewards(module: ModuleType, env: str | None) -> dict[str, tuple[RewardFn, float]]:
+    where = Where(env=env, field="REWARDS")
+    table = getattr(module, "REWARDS", None)
+    if not isinstance(table, dict) or (not table and not hasattr(module, "step")):
+        raise VerifierLoadError(f"verifier {module.__name__!r} has no REWARDS dict", where,
+                                "declare REWARDS = {reward_fn: weight, ...} at module level")
+    rewards = {}
+    for fn, weight in table.items():
+        if not callable(fn) or len(inspect.signature(fn).parameters) != 2:
+            raise VerifierLoadError(f"REWARDS key {fn!r} is not a function of (task, completion)", where,
+                                    "each reward is `def name(task, completion) -> float`")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise VerifierLoadError(f"REWARDS weight for {fn.__name__!r} is {weight!r}", where, "weights are floats")
+        rewards[fn.__name__] = (fn, float(weight))
+    return rewards
+
+
+def _read_range(module: ModuleType, env: str | None) -> tuple[float, float]:
+    lo, hi = getattr(module, "REWARD_RANGE", (0.0, 1.0))
+    if not lo < hi:
+        raise VerifierLoadError(f"REWARD_RANGE {(lo, hi)} is empty", Where(env=env, field="REWARD_RANGE"),
+                                "declare REWARD_RANGE = (low, high) with low < high")
+    return float(lo), float(hi)
+
+
+def _check_mdp(module: ModuleType, env: str | None, reset, step) -> None:
+    if (reset is None) != (step is None):
+        raise VerifierLoadError(f"verifier {module.__name__!r} defines only one of reset/step",
+                                Where(env=env, field="reset" if reset is None else "step"),
+                                "a multi_turn verifier defines both reset(task) and step(task, state, action)")
+    for fn, arity in ((reset, 1), (step, 3)):
+        if fn is not None and len(inspect.signature(fn).parameters) != arity:
+            raise VerifierLoadError(f"{fn.__name__} takes {len(inspect.signature(fn).parameters)} arguments, expected {arity}",
+                                    Where(env=env, field=fn.__name__),
+                                    "use reset(task) and step(task, state, action)")
+
+
+def load_verifier(ref: str | ModuleType, *, relative_to: Path | None = None, env: str | None = None) -> Verifier:
+    """Load a verifier from a module, a dotted module name, or a `.py` path (relative to `relative_to`)."""
+    if isinstance(ref, ModuleType):
+        return Verifier(ref, env)
+    if ref.endswith(".py"):
+        path = (relative_to / ref) if relative_to and not Path(ref).is_absolute() else Path(ref)
+        return Verifier(_import_file(path.resolve()), env)
+    return Verifier(importlib.import_module(ref), env)
+
+
+def _import_file(path: Path) -> ModuleType:
+    """Import a module from a file under a name derived from its path (stable, collision-free)."""
+    name = f"hubgym_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise VerifierLoadError(f"cannot import {path}", Where(field=str(path)), "give a path to a .py file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
