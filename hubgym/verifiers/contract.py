@@ -99,11 +99,11 @@ class Verifier:
         self.env = env
         self.source_path = Path(inspect.getsourcefile(module) or "")
         self.sha256 = hashlib.sha256(self.source_path.read_bytes()).hexdigest() if self.source_path.is_file() else ""
-        self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
         self.reset: ResetFn | None = getattr(module, "reset", None)
         self.step: StepFn | None = getattr(module, "step", None)
-        self.reward_range: tuple[float, float] = _read_range(module, env)
         _check_mdp(module, env, self.reset, self.step)
+        self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
+        self.reward_range: tuple[float, float] = _read_range(module, env)
 
     @property
     def multi_turn(self) -> bool:

@@ -1,0 +1,105 @@
+"""The verifier contract: loading checks, scoring (errors are data, not rewards), multi_turn episodes."""
+
+import textwrap
+
+import pytest
+
+from hubgym.errors import VerifierLoadError
+from hubgym.schemas import assistant, interaction, make_task, tool_call, tool_result, user
+from hubgym.verifiers import actions_of, load_verifier
+
+TASK = make_task("t", [user("q")], {"answer": "7", "target": 3})
+
+
+def _load(tmp_path, source, name="verifier.py"):
+    (tmp_path / name).write_text(textwrap.dedent(source))
+    return load_verifier(name, relative_to=tmp_path, env="t")
+
+
+def test_weighted_components_and_metrics(tmp_path):
+    v = _load(tmp_path, """
+        def correct(task, completion):
+            return float(completion[-1]["content"] == task["info"]["answer"])
+        def long(task, completion):
+            return 0.5
+        REWARDS = {correct: 2.0, long: 0.0}
+        REWARD_RANGE = (0.0, 2.0)
+    """)
+    score = v.score(TASK, [assistant("7")])
+    assert score.reward == 2.0 and score.components == {"correct": 1.0, "long": 0.5} and score.error is None
+    assert v.reward_range == (0.0, 2.0) and len(v.sha256) == 64
+
+
+def test_exception_is_recorded_not_scored(tmp_path):
+    v = _load(tmp_path, """
+        def boom(task, completion):
+            raise KeyError("answer_missing")
+        REWARDS = {boom: 1.0}
+    """)
+    score = v.score(TASK, [assistant("7")])
+    assert score.reward is None
+    assert score.error == {"boundary": "verifier", "type": "KeyError", "message": "'answer_missing'"}
+
+
+@pytest.mark.parametrize("value", ["'1.0'", "float('nan')", "True", "None"])
+def test_non_float_reward_is_an_error(tmp_path, value):
+    v = _load(tmp_path, f"def odd(task, completion):\n    return {value}\nREWARDS = {{odd: 1.0}}\n")
+    score = v.score(TASK, [assistant("x")])
+    assert score.reward is None and score.error["type"] == "TypeError"
+    assert "must return a finite float" in score.error["message"]
+
+
+@pytest.mark.parametrize("source, field, message", [
+    ("X = 1\n", "REWARDS", "has no REWARDS dict"),
+    ("def r(task):\n    return 1.0\nREWARDS = {r: 1.0}\n", "REWARDS", "is not a function of (task, completion)"),
+    ("def r(t, c):\n    return 1.0\nREWARDS = {r: 'high'}\n", "REWARDS", "REWARDS weight for 'r' is 'high'"),
+    ("def r(t, c):\n    return 1.0\nREWARDS = {r: 1.0}\nREWARD_RANGE = (1, 0)\n", "REWARD_RANGE", "is empty"),
+    ("REWARDS = {}\ndef reset(task):\n    return 0, ''\n", "step", "defines only one of reset/step"),
+    ("REWARDS = {}\ndef reset(task):\n    return 0, ''\ndef step(task, state):\n    return 0\n", "step",
+     "step takes 2 arguments, expected 3"),
+])
+def test_load_errors_name_field_and_fix(tmp_path, source, field, message):
+    with pytest.raises(VerifierLoadError) as err:
+        _load(tmp_path, source)
+    assert message in str(err.value) and err.value.where.field == field and err.value.fix
+
+
+MDP = """
+    def reset(task):
+        return {"count": 0}, "Say 'up' until I stop you."
+    def step(task, state, action):
+        state = {"count": state["count"] + (action.strip() == "up")}
+        done = state["count"] >= task["info"]["target"]
+        return state, "stop" if done else f"count={state['count']}", 1.0 if done else 0.1, done
+    def turns(task, completion):
+        return float(sum(m["role"] == "assistant" for m in completion))
+    REWARDS = {turns: 0.0}
+    REWARD_RANGE = (0.0, 2.0)
+"""
+
+
+def test_multi_turn_episode_and_replay_score(tmp_path):
+    v = _load(tmp_path, MDP)
+    assert v.multi_turn
+    episode = v.run_episode(TASK, ["up", "down", "up", "up", "up"])
+    assert [s.observation for s in episode.steps] == ["count=1", "count=1", "count=2", "stop"]
+    assert episode.done and episode.steps[-1].state == {"count": 3}
+    score = v.score(TASK, episode.completion())
+    assert score.components == {"turns": 4.0, "steps": pytest.approx(1.3)} and score.reward == pytest.approx(1.3)
+
+
+def test_actions_skip_tool_calls():
+    completion = [assistant(None, [tool_call("c", "calculator", "{}")]), tool_result("1", "c", "calculator"),
+                  assistant("up"), user("count=1"), assistant("down")]
+    assert actions_of(completion) == ["up", "down"]
+
+
+def test_tool_call_shaping_counts_successful_calls_up_to_cap(tmp_path):
+    v = _load(tmp_path, "def zero(t, c):\n    return 0.0\nREWARDS = {zero: 1.0}\n")
+    spec = interaction("tool_use", max_turns=4, tools=["calculator"],
+                       tool_rewards=[{"tool": "calculator", "reward": 0.1, "max_calls": 2}])
+    task = make_task("t", [user("q")], {}, spec)
+    ok = tool_result("3", "c", "calculator")
+    failed = tool_result("Error: InvalidJSON: bad", "c", "calculator")
+    assert v.score(task, [ok, failed]).components["tool_calls"] == pytest.approx(0.1)
+    assert v.score(task, [ok, ok, ok]).reward == pytest.approx(0.2)
