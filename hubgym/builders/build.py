@@ -11,11 +11,18 @@ from hubgym.builders.base import TaskBuilder
 from hubgym.builders.registry import resolve_env
 
 
+_BUILD_DIRS: list[tempfile.TemporaryDirectory] = []
+"""Build caches of this process: the returned datasets memory-map them, so they are removed at exit."""
+
+
 def make_builder(env: str | type[TaskBuilder], config: str | None = None, cache_dir: str | Path | None = None) -> TaskBuilder:
     """Instantiate a builder; `cache_dir` defaults to a fresh temporary folder (no shared cache state)."""
     cls = resolve_env(env)
-    cache_dir = cache_dir or tempfile.mkdtemp(prefix="hubgym-build-")
-    return cls(config_name=config or cls.config_names()[0], cache_dir=str(cache_dir))
+    if cache_dir is None:
+        _BUILD_DIRS.append(tempfile.TemporaryDirectory(prefix="hubgym-build-"))
+        cache_dir = _BUILD_DIRS[-1].name
+    # dataset_name names the files (`<env>-<split>.parquet`); by default datasets derives it from the module name
+    return cls(config_name=config or cls.config_names()[0], cache_dir=str(cache_dir), dataset_name=cls.ENV)
 
 
 def build_tasks(env: str | type[TaskBuilder], config: str | None = None, *,

@@ -60,7 +60,7 @@ def tool(fn: Callable | None = None, *, name: str | None = None, timeout_s: floa
             raise TypeError(f"tool {f.__name__!r} needs a docstring: the model reads it to decide when to call")
         described = {p.arg_name: p.description for p in doc.params}
         fields: dict[str, Any] = {}
-        for param in inspect.signature(f).parameters.values():
+        for param in inspect.signature(f, eval_str=True).parameters.values():
             if param.name == "self":
                 continue
             if param.annotation is inspect.Parameter.empty:
@@ -119,7 +119,7 @@ class Toolbox:
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
             return _failed(call, "InvalidArguments", problems)
-        return _run_with_timeout(tool_, call, dict(arguments))
+        return _run_with_timeout(tool_, call, {name: getattr(arguments, name) for name in type(arguments).model_fields})
 
 
 def _run_with_timeout(tool_: Tool, call: ToolCall, kwargs: dict[str, Any]) -> ToolOutcome:

@@ -1,0 +1,262 @@
+"""The bubblewrap sandbox and the `python` tool, tried with hostile code: host files, writes outside
+/tmp, the network, fork bombs, memory hogs, endless loops and output floods all stay contained."""
+
+import json
+import os
+import pickle
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+import hubgym.tools.python as python_tool
+from hubgym.errors import SandboxUnavailableError
+from hubgym.schemas import tool_call
+from hubgym.tools import Toolbox, get_tool
+from hubgym.tools.sandbox import SandboxConfig, run_sandboxed
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = SandboxConfig(timeout_s=5, cpu_s=5, memory_mb=512, max_procs=16, max_output_bytes=20_000)
+
+
+def _run(code: str, **limits) -> dict:
+    """Run code that prints one JSON object as its last line; return that object."""
+    result = run_sandboxed(code, SandboxConfig(**{**vars(FAST), **limits}))
+    assert result.exit_code == 0 and result.sandboxed, result
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def _host_processes_with(marker: str) -> list[str]:
+    """Host pids whose command line contains `marker` (the host sees into every pid namespace)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                found.append(entry.name)
+        except OSError:  # the process ended while we looked
+            continue
+    return found
+
+
+def test_runs_code_and_keeps_streams_apart():
+    result = run_sandboxed("import sys\nprint('out')\nprint('err', file=sys.stderr)\nsys.exit(3)", FAST)
+    assert (result.stdout, result.stderr, result.exit_code) == ("out\n", "err\n", 3)
+    assert result.sandboxed and not result.timed_out and not result.truncated and result.signal_name is None
+
+
+def test_host_files_are_not_there(tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("host secret")
+    seen = _run(f"""
+import json, os
+paths = {[str(secret), str(REPO / "pyproject.toml"), str(REPO / "hubgym"), "/etc/shadow", "/etc/passwd",
+          "/etc/hostname", "/root/.bash_history", "/home"]!r}
+print(json.dumps({{"exists": [p for p in paths if os.path.exists(p)], "root": os.listdir("/"),
+                  "etc": os.listdir("/etc"), "tmp": os.listdir("/tmp"), "uid": os.getuid(),
+                  "status": open("/proc/self/status").read(),
+                  "pids": [p for p in os.listdir("/proc") if p.isdigit()]}}))
+""")
+    assert seen["exists"] == []
+    assert set(seen["root"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sbin", "tmp", "usr",
+                                 *[Path(p).parts[1] for p in (sys.base_prefix, sys.prefix)]}
+    assert set(seen["etc"]) <= {"ld.so.cache", "localtime"} and seen["tmp"] == ["main.py"]
+    assert seen["uid"] != 0  # never root inside, so rlimits bite
+    status = dict(line.split(":\t") for line in seen["status"].splitlines())
+    assert [status[k] for k in ("CapPrm", "CapEff", "CapAmb", "NoNewPrivs")] == ["0" * 16] * 3 + ["1"]
+    assert len(seen["pids"]) <= 3 and str(os.getpid()) not in seen["pids"]  # its own pid namespace
+
+
+def test_writes_outside_tmp_fail():
+    seen = _run(f"""
+import json, sys
+failed = {{}}
+for path in ["/evil", "/usr/evil", "/etc/evil", sys.prefix + "/evil", {str(REPO / "evil")!r}, "/dev/shm/evil",
+             "/proc/sys/kernel/hostname"]:
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+        failed[path] = None
+    except OSError as exc:
+        failed[path] = type(exc).__name__
+print(json.dumps(failed))
+""")
+    assert seen and all(seen.values()), seen
+    assert not (REPO / "evil").exists() and not Path(sys.prefix, "evil").exists()
+
+
+def test_tmp_is_writable_private_and_fresh_each_run():
+    name = f"note-{uuid.uuid4().hex}"
+    seen = _run(f"""
+import json, os
+with open("/tmp/{name}", "w") as f:
+    f.write("kept")
+print(json.dumps({{"cwd": os.getcwd(), "read": open("{name}").read()}}))
+""")
+    assert seen == {"cwd": "/tmp", "read": "kept"}
+    assert not Path("/tmp", name).exists()  # not the host's /tmp
+    assert _run(f"import json, os\nprint(json.dumps(os.path.exists('/tmp/{name}')))") is False
+
+
+def test_no_network_not_even_the_hosts_loopback():
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        server.setblocking(False)
+        port = server.getsockname()[1]
+        seen = _run(f"""
+import json, socket
+try:
+    socket.create_connection(("127.0.0.1", {port}), timeout=2)
+    outcome = "connected"
+except OSError as exc:
+    outcome = type(exc).__name__
+try:
+    socket.getaddrinfo("huggingface.co", 443)
+    dns = "resolved"
+except OSError as exc:
+    dns = type(exc).__name__
+print(json.dumps({{"connect": outcome, "dns": dns, "interfaces": [n for _, n in socket.if_nameindex()]}}))
+""")
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nothing reached the host's listener
+    assert seen == {"connect": "ConnectionRefusedError", "dns": "gaierror", "interfaces": ["lo"]}
+
+
+def test_process_limit_holds_and_children_die_with_the_run():
+    marker = f"31.{uuid.uuid4().int % 10**9}"
+    result = run_sandboxed(f"""
+import os
+started = 0
+for _ in range(100):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.execv("/bin/sleep", ["sleep", "{marker}"])
+    started += 1
+print(started)
+""", FAST)
+    assert result.exit_code == 0
+    assert 1 <= int(result.stdout) < FAST.max_procs
+    assert _host_processes_with(marker) == []  # the sleepers went with the sandbox
+
+
+def test_fork_bomb_is_contained():
+    marker = f"bomb-{uuid.uuid4().hex}"
+    result = run_sandboxed(f"""
+import os, sys
+if sys.argv[-1] != "{marker}":
+    os.execv(sys.executable, [sys.executable, "main.py", "{marker}"])  # mark every bomb process
+while True:
+    try:
+        os.fork()
+    except OSError:
+        pass
+""", SandboxConfig(timeout_s=1.5, cpu_s=5, max_procs=16))
+    assert result.timed_out and result.exit_code == -signal.SIGKILL
+    assert _host_processes_with(marker) == []
+    assert subprocess.run([sys.executable, "-c", "print('fine')"], capture_output=True).stdout == b"fine\n"
+
+
+@pytest.mark.parametrize("code", [
+    "x = bytearray(2 * 1024 ** 3)",
+    "hog = []\nwhile True:\n    hog.append(bytearray(10 ** 7))",
+])
+def test_memory_hog_gets_memory_error(code):
+    result = run_sandboxed(code, SandboxConfig(memory_mb=256))
+    assert result.exit_code == 1 and result.stderr.rstrip().endswith("MemoryError")
+
+
+def test_endless_loop_times_out():
+    result = run_sandboxed("print('started', flush=True)\nwhile True:\n    pass", SandboxConfig(timeout_s=1))
+    assert result.timed_out and not result.truncated and result.stdout == "started\n"
+    assert result.signal_name == "SIGKILL"
+
+
+def test_cpu_limit_kills_a_spinner_before_the_wall_clock():
+    result = run_sandboxed("while True:\n    pass", SandboxConfig(timeout_s=20, cpu_s=1))
+    assert not result.timed_out and result.signal_name == "SIGXCPU"
+
+
+@pytest.mark.parametrize("stream", ["sys.stdout", "sys.stderr"])
+def test_output_flood_is_cut_and_stopped(stream):
+    result = run_sandboxed(f"import sys\nwhile True:\n    print('flood' * 100, file={stream})",
+                           SandboxConfig(max_output_bytes=5000))
+    assert result.truncated and not result.timed_out
+    assert len(result.stdout) + len(result.stderr) == 5000
+    assert (result.stdout or result.stderr).startswith("floodflood")
+
+
+def test_missing_bwrap_says_how_to_install_or_opt_out(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no bwrap on PATH
+    monkeypatch.delenv("HUBGYM_ALLOW_UNSANDBOXED", raising=False)
+    with pytest.raises(SandboxUnavailableError) as info:
+        run_sandboxed("print(1)", FAST)
+    message = str(info.value)
+    assert "`apt-get install bubblewrap`" in message
+    assert "SandboxConfig(allow_unsandboxed=True)" in message and "HUBGYM_ALLOW_UNSANDBOXED=1" in message
+    assert str(pickle.loads(pickle.dumps(info.value))) == message
+    outcome = Toolbox([python_tool.python]).call(tool_call("c", "python", '{"code": "print(1)"}'))
+    assert outcome.error["type"] == "SandboxUnavailableError"
+    assert outcome.message["content"].startswith("Error: SandboxUnavailableError: running model code needs bubblewrap")
+
+
+@pytest.mark.parametrize("how", ["config", "env"])
+def test_explicit_opt_out_runs_unsandboxed_with_limits(monkeypatch, tmp_path, how):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("HUBGYM_ALLOW_UNSANDBOXED", "1" if how == "env" else "0")
+    config = SandboxConfig(timeout_s=1, memory_mb=256, allow_unsandboxed=how == "config")
+    result = run_sandboxed("import os\nopen('made.txt', 'w').write('x')\nprint(os.listdir('.'))", config)
+    assert not result.sandboxed and result.exit_code == 0 and result.stdout == "['main.py', 'made.txt']\n"
+    assert not Path("made.txt").exists()  # it ran in a temporary directory, since removed
+    assert run_sandboxed("while True:\n    pass", config).timed_out
+    hog = run_sandboxed("x = bytearray(2 * 1024 ** 3)", config)
+    assert hog.exit_code == 1 and "MemoryError" in hog.stderr
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match=r"^SandboxConfig.memory_mb=8 is too small: it must be >= 64 "):
+        SandboxConfig(memory_mb=8)
+    with pytest.raises(ValueError, match=r"^SandboxConfig.timeout_s=0 is too small: it must be >= 0.01. Fix: "):
+        SandboxConfig(timeout_s=0)
+
+
+# --- the python tool -------------------------------------------------------------------------------
+
+
+def _python(code: str):
+    return Toolbox([get_tool("python")]).call(tool_call("c", "python", json.dumps({"code": code})))
+
+
+def test_python_tool_returns_output_and_exit_status():
+    assert _python("print(sum(range(10)))").message["content"] == "45\n"
+    assert _python("x = 1").message["content"] == "(no output)"
+    failed = _python("print('before')\n1 / 0")
+    assert failed.error is None  # the program failed, not the call: the traceback is the answer
+    assert failed.message["content"].startswith("before\nTraceback (most recent call last):\n")
+    assert failed.message["content"].endswith("ZeroDivisionError: division by zero\n[exit status 1]")
+
+
+def test_python_tool_keeps_the_tail_of_long_output():
+    content = _python("print('a' * 10000)\nraise SystemExit('bad input')").message["content"]
+    assert "\n[... " in content and " characters cut ...]\n" in content
+    assert content.startswith("aaaa") and content.endswith("bad input\n[exit status 1]")
+    assert len(content) < 4000
+
+
+@pytest.mark.parametrize("code, kind, start", [
+    ("print('working', flush=True)\nwhile True:\n    pass", "TimeoutError",
+     "the program ran past the 1s time limit and was stopped; its last output was:\nworking\n"),
+    ("while True:\n    print('y' * 1000)", "RuntimeError",
+     "the program printed more than 3000 bytes and was stopped; "),
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", "RuntimeError",
+     "the program was killed by SIGXCPU: it used up its CPU time"),
+])
+def test_python_tool_stopped_programs_are_failed_calls(monkeypatch, code, kind, start):
+    monkeypatch.setattr(python_tool, "PYTHON_SANDBOX", SandboxConfig(timeout_s=1, max_output_bytes=3000))
+    outcome = _python(code)
+    assert outcome.error["type"] == kind and outcome.error["message"].startswith(start)
+    assert outcome.message["content"] == f"Error: {kind}: {outcome.error['message']}"
