@@ -4,6 +4,8 @@ A verifier module declares
 
     REWARDS = {correct_answer: 1.0, well_formatted: 0.0}   # fn(task, completion) -> float; weight 0 = metric
     REWARD_RANGE = (0.0, 1.0)                               # optional; bounds of the total reward
+    SUCCESS_THRESHOLD = 1.0                                 # optional; a rollout with reward >= it succeeded
+                                                            # (default: the top of REWARD_RANGE)
 
 and, for multi_turn environments, the MDP:
 
@@ -104,6 +106,7 @@ class Verifier:
         _check_mdp(module, env, self.reset, self.step)
         self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
         self.reward_range: tuple[float, float] = _read_range(module, env)
+        self.success_threshold = float(getattr(module, "SUCCESS_THRESHOLD", self.reward_range[1]))
 
     @property
     def multi_turn(self) -> bool:
@@ -122,6 +125,10 @@ class Verifier:
             if done:
                 break
         return episode
+
+    def succeeded(self, score: Score) -> bool:
+        """Success for pass@k: the total reward reaches SUCCESS_THRESHOLD."""
+        return score.reward is not None and score.reward >= self.success_threshold - 1e-9
 
     def score(self, task: Task, completion: list[Message]) -> Score:
         """Score a trajectory. Exceptions and non-finite rewards become `Score.error`, never a reward."""

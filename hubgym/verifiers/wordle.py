@@ -139,3 +139,4 @@ def invalid_guesses(task: Task, completion: list[Message]) -> float:
 
 REWARDS = {solved: 0.0, invalid_guesses: 0.0}
 REWARD_RANGE = (0.0, 1.0)
+SUCCESS_THRESHOLD = 0.5  # solved on any turn scores >= 0.5; an unsolved game at most 0.3125

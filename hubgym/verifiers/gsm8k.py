@@ -1,0 +1,48 @@
+"""Verifier for `gsm8k`: the final number, compared by mathematical equivalence (math-verify).
+
+The answer is taken from the final assistant turn in priority order: the last <answer> tag, the
+last \\boxed{}, the last "#### n" line, then the last number in the text. A marked answer that is
+not plain math ("$18", "18 dollars", "\\$1,000.") is reduced to its single number; one with two
+numbers ("17 or 18") stays as written and earns nothing, so hedging is not rewarded.
+"""
+
+from __future__ import annotations
+
+import re
+
+from hubgym.schemas import Message, Task
+from hubgym.verifiers.rewards import extract_boxed, extract_last_number, extract_tag, final_text, math_equal
+
+_HASHES = re.compile(r"####\s*([^\n]+)")
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def extract(text: str) -> str | None:
+    """The marked answer (tag, boxed, ####), else the last number; None when there is none."""
+    hashes = _HASHES.findall(text)
+    marked = extract_tag(text, "answer") or extract_boxed(text) or (hashes[-1].strip() if hashes else None)
+    return marked if marked else extract_last_number(text)
+
+
+def candidates(answer: str) -> list[str]:
+    """The answer as written, then its only number (currency signs and units dropped), if it has exactly one."""
+    numbers = _NUMBER.findall(answer)
+    return [answer] + ([numbers[0].replace(",", "")] if len(numbers) == 1 else [])
+
+
+def correct(task: Task, completion: list[Message]) -> float:
+    """1.0 when the extracted answer is mathematically equal to the gold number."""
+    answer = extract(final_text(completion))
+    if answer is None:
+        return 0.0
+    return float(any(math_equal(c, task["info"]["answer"]) for c in candidates(answer)))
+
+
+def formatted(task: Task, completion: list[Message]) -> float:
+    """1.0 when the reply marks its answer with <answer>, \\boxed{} or #### (a metric: weight 0)."""
+    text = final_text(completion)
+    return float(bool(extract_tag(text, "answer") or extract_boxed(text) or _HASHES.search(text)))
+
+
+REWARDS = {correct: 1.0, formatted: 0.0}
+REWARD_RANGE = (0.0, 1.0)
