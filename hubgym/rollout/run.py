@@ -1,0 +1,224 @@
+"""A rollout run: tasks from any mixture of envs -> engine -> scored rows -> Arrow shards.
+
+    config = RolloutConfig(envs=["arithmetic:easy", "wordle"], model="tiny-model", out="runs/r1", n=4, limit=8)
+    summary = run_rollouts(config)
+
+Workers split the tasks by a hash of the task id (`shard_index`/`num_shards`), so N workers
+write disjoint shards with no coordinator. Re-running the same config resumes: groups whose
+rollouts are already stored are skipped, so there is no duplicate and no missing rollout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hubgym.builders.build import build_tasks
+from hubgym.builders.registry import resolve_env
+from hubgym.errors import ToolNotFoundError, Where
+from hubgym.rollout.engines import Engine, SamplingArgs
+from hubgym.rollout.loop import LoopContext, Trajectory, run_group
+from hubgym.rollout.tokens import ChatRenderer
+from hubgym.rollout.writer import ShardWriter, worker_name
+from hubgym.schemas.rollouts import Rollout
+from hubgym.schemas.tasks import Task
+from hubgym.schemas.version import SCHEMA_VERSION
+from hubgym.tools.registry import get_tool
+from hubgym.verifiers.contract import Verifier
+
+
+@dataclass
+class RolloutConfig:
+    """Everything that defines a rollout run (the run id is a hash of it, minus the worker fields)."""
+
+    envs: list[str]  # "ENV" or "ENV:CONFIG"; ENV is a name, versioned id or path
+    model: str  # model folder or name served at base_url
+    out: str  # run folder
+    engine: str = "vllm"  # "vllm" (offline, in-process) or "openai" (a server at base_url)
+    base_url: str | None = None
+    mode: str = "tokens"  # openai engine only: "tokens" (token-in) or "chat" (native tool calls)
+    n: int = 4  # samples per task: one GRPO group
+    limit: int | None = None  # tasks per env (the first ones of the split)
+    split: str = "test"
+    sampling: SamplingArgs = field(default_factory=SamplingArgs)
+    max_model_len: int = 1024
+    policy_version: int = 0
+    shard_index: int = 0
+    num_shards: int = 1
+    max_rows_per_shard: int = 512
+    concurrency: int = 64  # groups in flight
+
+    def run_id(self) -> str:
+        keep = {k: v for k, v in asdict(self).items() if k not in ("shard_index", "out", "concurrency")}
+        return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+@dataclass
+class EnvTasks:
+    env: str
+    config: str
+    verifier: Verifier
+    tasks: list[Task]
+
+
+def load_env_tasks(spec: str, split: str, limit: int | None) -> EnvTasks:
+    """Build one env's tasks and check every row's tools exist before any generation."""
+    ref, _, config = spec.partition(":")
+    builder = resolve_env(ref)
+    config = config or builder.config_names()[0]
+    rows = build_tasks(builder, config)[split]
+    tasks = [rows[i] for i in range(min(limit or len(rows), len(rows)))]
+    for task in tasks:
+        for name in task["interaction"]["tools"]:
+            try:
+                get_tool(name)
+            except ToolNotFoundError as exc:
+                raise ToolNotFoundError(f"{exc} [{Where(builder.ENV, config, split, task['id'], 'interaction.tools')}]") from None
+    return EnvTasks(builder.ENV, config, builder.verifier(), tasks)
+
+
+def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
+    """Deterministic task split across workers: a stable hash of the id, modulo the worker count."""
+    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % num_shards == shard_index
+
+
+def make_engine(config: RolloutConfig) -> Engine:
+    if config.engine == "vllm":
+        from hubgym.rollout.engines import VLLMEngine
+
+        return VLLMEngine(config.model, max_model_len=config.max_model_len, seed=config.sampling.seed)
+    if config.engine == "openai":
+        from hubgym.rollout.engines import OpenAIEngine
+
+        if not config.base_url:
+            raise ValueError("engine 'openai' needs --base-url (e.g. http://127.0.0.1:8000/v1)")
+        return OpenAIEngine(config.model, config.base_url, mode=config.mode, max_model_len=config.max_model_len)
+    raise ValueError(f"engine is {config.engine!r}; use 'vllm' or 'openai'")
+
+
+def make_renderer(engine: Engine, model: str) -> ChatRenderer | None:
+    tokenizer = getattr(engine, "tokenizer", None)
+    if tokenizer is None:
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model)
+        except OSError:
+            if engine.token_in:
+                raise
+            return None
+    return ChatRenderer(tokenizer)
+
+
+def rollout_id(run_id: str, task_id: str, sample: int) -> str:
+    return f"{run_id}-{task_id}-{sample}"
+
+
+def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutConfig, engine: Engine,
+           renderer: ChatRenderer | None) -> Rollout:
+    """Score a trajectory and lay it out as a Rollout row. A failed trajectory keeps reward None."""
+    started = time.perf_counter()
+    score = verifier.score(traj.task, traj.completion) if traj.error is None else None
+    score_s = time.perf_counter() - started
+    error = traj.error or (score.error if score else None)
+    tokens = traj.tokens
+    metrics = {f"reward/{k}": v for k, v in (score.components if score else {}).items()}
+    metrics["success"] = float(score is not None and error is None and verifier.succeeded(score))
+    metrics.update({"loop/tool_calls": traj.tool_calls, "loop/tool_errors": traj.tool_errors,
+                    "loop/parse_errors": traj.parse_errors, "loop/empty_responses": traj.empty_responses})
+    return {
+        "rollout_id": rollout_id(run_id, traj.task["id"], traj.sample), "run_id": run_id,
+        "task_id": traj.task["id"], "env": traj.task["env"], "group": f"{run_id}-{traj.task['id']}",
+        "sample": traj.sample, "prompt": traj.prompt, "completion": traj.completion, "info": traj.task["info"],
+        "interaction": traj.task["interaction"], "prompt_ids": tokens.prompt_ids,
+        "completion_ids": tokens.completion_ids, "completion_mask": tokens.mask,
+        "completion_logprobs": tokens.logprobs, "tokens_consistent": tokens.consistent,
+        "reward": score.reward if score and error is None else None,
+        "metrics": [{"name": k, "value": float(v)} for k, v in metrics.items()],
+        "finish_reason": traj.finish_reason, "truncated": traj.truncated, "num_turns": traj.num_turns,
+        "error": error,
+        "provenance": {
+            "model": config.model, "policy_version": config.policy_version,
+            "sampling": json.dumps(config.sampling.to_dict(), sort_keys=True), "env_repo": None, "env_revision": None,
+            "verifier_module": verifier.name, "verifier_sha256": verifier.sha256, "engine": engine.name,
+            "engine_version": engine.version,
+            "chat_template_sha256": renderer.template_sha256 if renderer else None,
+        },
+        "timings": {"generate_s": traj.generate_s, "tools_s": traj.tools_s, "score_s": score_s,
+                    "total_s": traj.generate_s + traj.tools_s + score_s},
+        "created_at": dt.datetime.now(dt.timezone.utc),
+    }
+
+
+@dataclass
+class RunSummary:
+    run_dir: Path
+    run_id: str
+    written: int  # rollouts written by this call
+    skipped: int  # rollouts already stored (resume)
+    shards: list[Path]
+    seconds: float
+    generated_tokens: int
+
+
+def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True) -> RunSummary:
+    """Generate, score and store rollouts for every task of this worker; resumes a previous run."""
+    run_id = config.run_id()
+    envs = [load_env_tasks(spec, config.split, config.limit) for spec in config.envs]
+    writer = ShardWriter(config.out, worker_name(config.shard_index, config.num_shards),
+                         max_rows=config.max_rows_per_shard)
+    done = writer.existing_ids()
+    todo = [(e, t) for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)
+            and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
+    skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)) * config.n
+    skipped -= len(todo) * config.n
+    engine = engine or make_engine(config)
+    renderer = make_renderer(engine, config.model)
+    started = time.perf_counter()
+    stats = {"written": 0, "tokens": 0}
+    try:
+        asyncio.run(_generate_all(todo, config, engine, renderer, run_id, writer, stats, progress))
+    finally:
+        writer.flush()
+        writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
+    return RunSummary(Path(config.out), run_id, stats["written"], skipped, writer.shards(),
+                      time.perf_counter() - started, stats["tokens"])
+
+
+async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress) -> None:
+    from hubgym.rollout.progress import RolloutProgress
+
+    limit = asyncio.Semaphore(config.concurrency)
+    with RolloutProgress(len(todo), config.n, enabled=progress) as bar:
+        async def one(env: EnvTasks, task: Task) -> None:
+            async with limit:
+                ctx = LoopContext(engine, renderer, config.sampling, env.verifier)
+                trajs = await run_group(task, config.n, ctx)
+            rows = [to_row(t, env.verifier, run_id, config, engine, renderer) for t in trajs]
+            writer.add_group(rows)
+            tokens = sum(sum(r["completion_mask"]) for r in rows)
+            stats["written"] += len(rows)
+            stats["tokens"] += tokens
+            bar.advance(len(rows), tokens)
+
+        await asyncio.gather(*(one(env, task) for env, task in todo))
+
+
+def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:
+    return {
+        "schema_version": SCHEMA_VERSION, "run_id": run_id, "worker": writer.worker,
+        "model": config.model, "policy_version": config.policy_version, "sampling": config.sampling.to_dict(),
+        "engine": engine.name, "engine_version": engine.version,
+        "chat_template_sha256": renderer.template_sha256 if renderer else None,
+        "envs": {e.env: {"config": e.config, "tasks": len(e.tasks), "verifier_module": e.verifier.name,
+                         "verifier_sha256": e.verifier.sha256} for e in envs},
+        "split": config.split, "n": config.n, "rows": writer.rows_written,
+        "shards": [p.name for p in writer.shards()],
+        "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+    }

@@ -1,0 +1,102 @@
+"""Stream rollout rows into Arrow IPC shards: atomic, rotated, resumable.
+
+Layout of a run folder (one worker shown; N workers write disjoint files side by side):
+
+    RUN/
+      manifest-w000of001.json          run manifest of worker 0 (rewritten atomically after each shard)
+      shards/w000of001-00000.arrow     Arrow IPC *file* format: pyarrow, polars and datasets all read it
+
+A shard is written to a hidden temporary file, fsynced, then renamed: a crash never leaves a
+half-written shard visible. Rows are added a whole GRPO group at a time, so a shard never
+holds part of a group; on resume, `existing_ids()` says which rollouts are already stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, Rollout
+from hubgym.schemas.tables import rollouts_to_table
+
+
+def worker_name(shard_index: int, num_shards: int) -> str:
+    return f"w{shard_index:03d}of{num_shards:03d}"
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write via a hidden temp file + fsync + rename, so readers see the old file or the new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ShardWriter:
+    def __init__(self, run_dir: str | Path, worker: str, *, max_rows: int = 512, max_bytes: int = 64 << 20):
+        self.run_dir, self.worker = Path(run_dir), worker
+        self.shard_dir = self.run_dir / "shards"
+        self.shard_dir.mkdir(parents=True, exist_ok=True)
+        self.max_rows, self.max_bytes = max_rows, max_bytes
+        self._buffer: list[Rollout] = []
+        self._buffer_bytes = 0
+        for stale in self.shard_dir.glob(f".{worker}-*.tmp"):  # left by a crash mid-write
+            stale.unlink()
+        self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in self.shards()), default=-1)
+        self.rows_written = sum(_count_rows(p) for p in self.shards())
+
+    def shards(self) -> list[Path]:
+        return sorted(self.shard_dir.glob(f"{self.worker}-*.arrow"))
+
+    def existing_ids(self) -> set[str]:
+        """rollout_ids already stored by this worker (read from the id column only)."""
+        ids: set[str] = set()
+        for path in self.shards():
+            with pa.memory_map(str(path)) as source:
+                ids.update(pa.ipc.open_file(source).read_all().column("rollout_id").to_pylist())
+        return ids
+
+    def add_group(self, rows: Iterable[Rollout]) -> list[Path]:
+        """Buffer one group's rows; returns the shards written by this call (if the buffer filled)."""
+        rows = list(rows)
+        self._buffer += rows
+        self._buffer_bytes += sum(_estimate_bytes(r) for r in rows)
+        if len(self._buffer) >= self.max_rows or self._buffer_bytes >= self.max_bytes:
+            return [self.flush()]
+        return []
+
+    def flush(self) -> Path | None:
+        if not self._buffer:
+            return None
+        table = rollouts_to_table(self._buffer)
+        path = self.shard_dir / f"{self.worker}-{self._next:05d}.arrow"
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
+            writer.write_table(table)
+        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        self.rows_written += len(self._buffer)
+        self._next += 1
+        self._buffer, self._buffer_bytes = [], 0
+        return path
+
+    def write_manifest(self, manifest: dict[str, Any]) -> Path:
+        path = self.run_dir / f"manifest-{self.worker}.json"
+        atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
+        return path
+
+
+def _count_rows(path: Path) -> int:
+    with pa.memory_map(str(path)) as source:
+        reader = pa.ipc.open_file(source)
+        return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+
+def _estimate_bytes(row: Rollout) -> int:
+    """Token lists dominate a row: 4 bytes per prompt id; 9 per completion token (id, logprob, mask)."""
+    return 4 * len(row["prompt_ids"]) + 9 * len(row["completion_ids"]) + 512
