@@ -96,6 +96,7 @@ def test_main_offline_falls_back_to_the_fixture_with_a_warning(monkeypatch, tiny
 def test_main_falls_back_at_once_when_the_hub_does_not_answer(monkeypatch, tiny):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     with pytest.warns(UserWarning, match=r"'main': the Hub is unreachable \(ConnectError: .*\), so the build uses "
                                          r"the shipped gsm8k_tiny fixture"):

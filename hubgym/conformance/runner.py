@@ -1,0 +1,381 @@
+"""Run the conformance checks on one environment: `check_env`, `assert_env_ok`, `iter_checks`.
+
+The checks share one `Context` holding what they inspect: the builder class, the built tasks
+of each config (a first and a second build, for determinism; so an env is built at most twice
+per config), the loaded verifier, the golden cases, and the scored samples. Each is made on
+first use, at most once.
+
+Prerequisites: when making one of those fails (the builder does not import, a config does not
+build, the verifier does not load, the golden file is malformed), the check that first needed
+it fails with the cause; every later check that needs it is reported as failed too, with the
+message "<check>: skipped: needs <what>, which failed in <the check holding the cause> [...]".
+So the first failure of a run is always the root cause, and `assert_env_ok` raises that one.
+
+    for result in iter_checks("arithmetic"):
+        print(result.check, "ok" if result.ok else result.message)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import datasets
+import pyarrow as pa
+
+from hubgym.builders.base import TaskBuilder
+from hubgym.builders.build import build_tasks, make_builder
+from hubgym.builders.registry import resolve_env
+from hubgym.conformance.checks import CHECKS
+from hubgym.conformance.purity import Violation, purity_guard
+from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierLoadError, Where
+from hubgym.schemas import Message, RowError, Task, assistant, tool_call, tool_result
+from hubgym.schemas.messages import TOOL_ERROR_PREFIX
+from hubgym.schemas.tasks import TASK_COLUMNS, TASK_FEATURES
+from hubgym.verifiers.contract import Score, Verifier
+from hubgym.verifiers.golden import GoldenCase
+
+GENERIC_REPLY = "I am not sure. My best guess is 42."
+SYNTHETIC_REPLIES: dict[str, str] = {"the empty reply": "", "a generic reply": GENERIC_REPLY}
+"""Completions every sampled row is scored with: a verifier must return a reward (usually low) for both."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    env: str  # env name
+    check: str  # e.g. "check_ids_stable"
+    ok: bool
+    message: str  # "" when ok; else the full error message (what [where]. Fix: how)
+    seconds: float
+
+
+class CheckSkipped(EnvContractError):
+    """A check could not run: something it needs failed in an earlier check (which holds the cause)."""
+
+    @classmethod
+    def because(cls, needs: str, owner: str, where: Where, check: str) -> CheckSkipped:
+        skipped = cls(f"skipped: needs {needs}, which failed in {owner}", where, f"fix the {owner} failure first",
+                      check=check)
+        skipped.needs, skipped.owner = needs, owner
+        return skipped
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One trajectory the checker scores: a built row with a synthetic reply, or a golden case."""
+
+    config: str | None
+    split: str | None
+    task: Task
+    label: str  # how messages name it: "the empty reply", "golden case 'draw'"
+    completion: list[Message] | None = None
+    actions: list[str] | None = None  # multi_turn golden cases: replayed through reset/step first
+
+
+class Context:
+    """What the checks of one run share; every resource is made once, on first use."""
+
+    def __init__(self, ref: str | type[TaskBuilder], configs: list[str] | None, max_rows: int, workdir: Path):
+        self.ref, self.requested_configs, self.max_rows, self.workdir = ref, configs, max_rows, workdir
+        self.check = ""  # the check now running (prerequisite failures are attributed to it)
+        self._memo: dict[str, tuple[Any, ...]] = {}
+        self._rows: dict[tuple[str, str, int], list[Task]] = {}
+        self.env = ref if isinstance(ref, str) else getattr(ref, "__name__", str(ref))
+        with contextlib.suppress(Exception):  # the failure is kept, and reported by the first check that needs it
+            self.env = self.builder.ENV
+
+    def resource(self, key: str, describe: str, make: Callable[[], Any]) -> Any:
+        """`make()` once. Its failure is raised to the first check that needs it (outside a check, it waits
+        for one); every later caller gets CheckSkipped naming that check."""
+        if key not in self._memo:
+            try:
+                self._memo[key] = ("ok", make())
+            except CheckSkipped as skipped:  # a prerequisite of this resource failed earlier
+                self._memo[key] = ("skip", skipped.needs, skipped.owner)
+            except Exception as exc:
+                self._memo[key] = ("error", exc, describe)
+        state, *value = self._memo[key]
+        if state == "ok":
+            return value[0]
+        if state == "error" and self.check:
+            exc, describe = value
+            self._memo[key] = ("skip", describe, self.check)  # reported now, by this check
+            raise exc
+        if state == "error":
+            raise value[0]
+        raise CheckSkipped.because(value[0], value[1], Where(env=self.env), self.check)
+
+    def where(self, config: str | None = None, split: str | None = None, row: str | None = None,
+              field: str | None = None) -> Where:
+        return Where(self.env, config, split, row, field)
+
+    # -- resources ---------------------------------------------------------------------------
+
+    @property
+    def builder(self) -> type[TaskBuilder]:
+        return self.resource("builder", "loading the builder", lambda: load_builder(self.ref))
+
+    @property
+    def configs(self) -> list[str]:
+        """The configs to check: those asked for that exist (check_declaration reports unknown ones)."""
+        known = self.builder.config_names()
+        return [c for c in self.requested_configs if c in known] if self.requested_configs else known
+
+    def build(self, config: str, attempt: int = 1) -> dict[str, Any]:
+        """{split: datasets.Dataset} of one config; attempt 2 is the independent second build."""
+        describe = f"the {'first' if attempt == 1 else 'second'} build of config {config!r}"
+
+        def make() -> dict[str, Any]:
+            if attempt > 1:
+                self.build(config)  # no second build when the first failed (that failure is the cause)
+            return build_config(self.builder, config, self.workdir / f"{config}-{attempt}", self.where(config), attempt)
+
+        return self.resource(f"build:{attempt}:{config}", describe, make)
+
+    def rows(self, config: str, split: str, attempt: int = 1) -> list[Task]:
+        """Decoded rows (info as a dict) of one split, cached."""
+        key = (config, split, attempt)
+        if key not in self._rows:
+            self._rows[key] = self.build(config, attempt)[split].to_list()
+        return self._rows[key]
+
+    def splits(self, attempt: int = 1) -> Iterator[tuple[str, str, list[Task]]]:
+        """(config, split, rows) for every checked config."""
+        for config in self.configs:
+            for split in self.build(config, attempt):
+                yield config, split, self.rows(config, split, attempt)
+
+    @property
+    def verifier(self) -> Verifier:
+        return self.resource("verifier", "loading the verifier", lambda: load_verifier_of(self.builder, self.where()))
+
+    @property
+    def golden(self) -> list[GoldenCase]:
+        return self.resource("golden", "loading the golden cases",
+                             lambda: load_golden_cases(self.builder, self.where()))
+
+    @property
+    def samples(self) -> list[Sample]:
+        return self.resource("samples", "collecting rows to score", self._collect_samples)
+
+    def scored(self, attempt: int) -> list[tuple[Sample, Score, list[Violation]]]:
+        """Every sample scored under the purity guard; attempt 2 is the independent second scoring."""
+        return self.resource(f"scored:{attempt}", f"scoring pass {attempt}",
+                             lambda: [(s, *self.score_guarded(s)) for s in self.samples])
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def _collect_samples(self) -> list[Sample]:
+        samples = []
+        for config, split, rows in self.splits():
+            for row in rows[: self.max_rows]:
+                for label, completion in synthetic_completions(row).items():
+                    samples.append(Sample(config, split, row, label, completion))
+        with contextlib.suppress(EnvContractError):  # a bad golden file is check_golden_cases' failure
+            samples += [Sample(None, None, c.task, f"golden case {c.name!r}", c.completion, c.actions)
+                        for c in self.golden]
+        return samples
+
+    def score_guarded(self, sample: Sample) -> tuple[Score, list[Violation]]:
+        """Score one sample with network, file writes and processes refused; returns what was refused."""
+        verifier = self.verifier
+        with purity_guard() as violations:
+            try:
+                completion = sample.completion
+                if sample.actions is not None:
+                    completion = verifier.run_episode(sample.task, sample.actions).completion()
+                score = verifier.score(sample.task, completion or [])
+            except Exception as exc:  # reset/step of a golden replay raised: data, like Verifier.score does
+                error: RowError = {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:2000]}
+                score = Score(None, {}, error)
+        return score, list(violations)
+
+
+def synthetic_completions(row: Task) -> dict[str, list[Message]]:
+    """The replies every sampled row is scored with; rows offering tools also get a failed tool call."""
+    out = {label: [assistant(text)] for label, text in SYNTHETIC_REPLIES.items()}
+    for name in row["interaction"]["tools"][:1]:
+        out["a failed tool call"] = [
+            assistant(None, [tool_call("call_0", name, "{}")]),
+            tool_result(f"{TOOL_ERROR_PREFIX}InvalidArguments: (a failed call made up by the checker)", "call_0", name),
+            assistant(GENERIC_REPLY),
+        ]
+    return out
+
+
+# -- making the shared resources -------------------------------------------------------------
+
+def load_builder(ref: str | type[TaskBuilder]) -> type[TaskBuilder]:
+    try:
+        return resolve_env(ref)
+    except EnvNotFoundError as exc:
+        raise EnvContractError(f"cannot find the env: {exc}", Where(env=str(ref)),
+                               "give a built-in name, an installed entry point, or a folder holding builder.py"
+                               ) from exc
+    except Exception as exc:
+        raise EnvContractError(f"the builder failed to import: {type(exc).__name__}: {exc}", Where(env=str(ref)),
+                               "fix the builder module (import it in Python to see the traceback)") from exc
+
+
+def load_verifier_of(cls: type[TaskBuilder], where: Where) -> Verifier:
+    try:
+        return cls.verifier()
+    except EnvContractError:
+        raise
+    except Exception as exc:
+        raise VerifierLoadError(f"verifier {getattr(cls, 'VERIFIER', None)!r} failed to import: "
+                                f"{type(exc).__name__}: {exc}", replace(where, field="VERIFIER"),
+                                "fix the verifier module; it must import cleanly, with no side effects") from exc
+
+
+def load_golden_cases(cls: type[TaskBuilder], where: Where) -> list[GoldenCase]:
+    try:
+        return cls.golden_cases()
+    except EnvContractError:
+        raise
+    except Exception as exc:
+        raise EnvContractError(f"the golden cases failed to load: {type(exc).__name__}: {exc}",
+                               replace(where, field="GOLDEN"),
+                               "set GOLDEN to a JSONL file next to the builder (see hubgym.verifiers.golden)") from exc
+
+
+def build_config(cls: type[TaskBuilder], config: str, cache_dir: Path, where: Where, attempt: int) -> dict[str, Any]:
+    """Build one config into a fresh cache folder; a failure names the split, row and field when it can."""
+    try:
+        return dict(build_tasks(cls, config, cache_dir=cache_dir))
+    except Exception as exc:
+        contract = _find_cause(exc, EnvContractError)
+        if contract is not None:  # the builder's own row checks (duplicate id, missing column...) said why
+            raise contract from None
+        root = _root_cause(exc)
+        what = (f"config {config!r} failed to build: " if attempt == 1 else
+                f"config {config!r} built once, but its second build failed: ") + f"{type(root).__name__}: {root}"
+        split, row, field, in_generator = _locate_bad_row(cls, config, cache_dir.with_name(cache_dir.name + "-x"))
+        if field is not None:
+            raise EnvContractError(
+                f"{what}; the row's {field!r} value does not fit the task schema", replace(where, split=split, row=row,
+                                                                                            field=field),
+                "build rows with hubgym.make_task(...) and messages with hubgym.user()/assistant()/system(); put "
+                "extra data inside info") from exc
+        fix = ("make generate_tasks independent of state left by an earlier build (module-level counters, caches)"
+               if attempt == 2 else "fix generate_tasks (see the error); it must yield rows for every split in sizes")
+        raise EnvContractError(what, replace(where, split=split if in_generator else None), fix) from exc
+
+
+def _locate_bad_row(cls: type[TaskBuilder], config: str,
+                    cache_dir: Path) -> tuple[str | None, str | None, str | None, bool]:
+    """Generate the rows again, outside datasets, to name the first (split, row, column) that does not encode."""
+    split: str | None = None
+    try:
+        builder = make_builder(cls, config, cache_dir)
+        for generator in builder._split_generators(None):  # a builder that downloads data needs a real manager
+            split = generator.name
+            for _, row in builder._generate_examples(**generator.gen_kwargs):
+                for column in TASK_COLUMNS:
+                    features = datasets.Features({column: TASK_FEATURES[column]})
+                    try:
+                        pa.Table.from_pylist([features.encode_example({column: row[column]})],
+                                             schema=features.arrow_schema)
+                    except Exception:
+                        return split, row.get("id"), column, True
+    except Exception:
+        return split, None, None, split is not None
+    return None, None, None, False
+
+
+def _find_cause(exc: BaseException, kind: type[EnvContractError]) -> EnvContractError | None:
+    """datasets wraps a builder's exception in DatasetGenerationError; find ours in the chain."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    seen: set[int] = set()
+    while (exc.__cause__ or exc.__context__) is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return exc
+
+
+# -- running ---------------------------------------------------------------------------------
+
+def iter_outcomes(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+                  checks: list[Callable[[Context], None]] | None = None
+                  ) -> Iterator[tuple[CheckResult, EnvContractError | None]]:
+    """Run the checks in order, yielding each result with the error it raised (None when ok)."""
+    with tempfile.TemporaryDirectory(prefix="hubgym-check-") as tmp:
+        ctx = Context(env, configs, max_rows, Path(tmp))
+        for check in checks or CHECKS:
+            ctx.check = check.__name__
+            start = time.perf_counter()
+            with _quiet_datasets():  # per check: the caller runs other code between results
+                error = _run_one(check, ctx)
+            yield CheckResult(ctx.env, check.__name__, error is None, str(error) if error else "",
+                              time.perf_counter() - start), error
+
+
+def _run_one(check: Callable[[Context], None], ctx: Context) -> EnvContractError | None:
+    name = check.__name__
+    try:
+        check(ctx)
+    except EnvContractError as exc:
+        if exc.check == name:
+            return exc
+        try:  # errors raised by shared helpers (validate_tasks, load_verifier...) gain the check's name
+            tagged = type(exc)(exc.what, exc.where, exc.fix, check=name)
+        except TypeError:  # a subclass with its own constructor
+            tagged = EnvContractError(exc.what, exc.where, exc.fix, check=name)
+        tagged.__cause__ = exc.__cause__
+        return tagged
+    except Exception as exc:  # a bug in the check, or an env value it did not foresee: still one failed check
+        crashed = EnvContractError(f"the check itself crashed with {type(exc).__name__}: {exc}", ctx.where(),
+                                   "this is likely a checker bug; report it with the env and this message", check=name)
+        crashed.__cause__ = exc
+        return crashed
+    return None
+
+
+def iter_checks(env: str | type[TaskBuilder], *, configs: list[str] | None = None,
+                max_rows: int = 200) -> Iterator[CheckResult]:
+    """Like check_env, but yields each result as soon as its check finishes (for progress display)."""
+    for result, _ in iter_outcomes(env, configs=configs, max_rows=max_rows):
+        yield result
+
+
+def check_env(env: str | type[TaskBuilder], *, configs: list[str] | None = None,
+              max_rows: int = 200) -> list[CheckResult]:
+    """Run every check on one env (resolved with hubgym.builders.registry.resolve_env).
+
+    Never raises for a check failure: each failure is a CheckResult with ok=False and the message.
+    `configs` limits the configs built (default: all); `max_rows` caps the rows scored per split.
+    """
+    return list(iter_checks(env, configs=configs, max_rows=max_rows))
+
+
+def assert_env_ok(env: str | type[TaskBuilder], **kwargs: Any) -> None:
+    """Raise the first failing check's EnvContractError (its message names the check); stop there."""
+    with contextlib.closing(iter_outcomes(env, **kwargs)) as outcomes:  # closing removes the build folders now
+        for _, error in outcomes:
+            if error is not None:
+                raise error
+
+
+@contextlib.contextmanager
+def _quiet_datasets() -> Iterator[None]:
+    """Building prints one progress bar per split; the checker reports its own progress."""
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()

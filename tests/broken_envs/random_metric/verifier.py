@@ -1,0 +1,17 @@
+"""Verifier for echo: 1.0 when the reply's <answer> is the word."""
+
+import random
+
+from hubgym.verifiers.rewards import extract_tag, final_text
+
+
+def correct(task, completion):
+    return float(extract_tag(final_text(completion), "answer") == task["info"]["word"])
+
+
+def confidence(task, completion):
+    return random.random()  # the fault: scoring twice gives two values
+
+
+REWARDS = {correct: 1.0, confidence: 0.0}
+REWARD_RANGE = (0.0, 1.0)

@@ -1,0 +1,112 @@
+"""The checker bites: each env in broken_envs/ has one fault, and fails the intended check with the intended message.
+
+Messages are pinned whole; `{...}` stands for a part that changes from run to run (random
+suffixes, sampled values) and `{id}` for a content-derived row id.
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hubgym.conformance import assert_env_ok, check_env
+from hubgym.errors import EnvContractError
+
+ENVS = Path(__file__).parent / "broken_envs"
+SEEDED_FIX = ("Fix: make it a function of its inputs only: derive randomness from the task (e.g. "
+              "random.Random(task['info']['seed'])) and keep no module-level mutable state")
+PURE_FIX = ("Fix: keep scoring pure: read shipped data at import time, keep caches in memory, and return values "
+            "instead of writing them (stored rollouts are re-scored anywhere, forever)")
+
+BROKEN = {
+    "unstable_ids": (
+        "check_ids_stable: ids differ between two builds of the same config and seed: row 0 was '{...}', then "
+        "'{...}'; most likely the id or the content it hashes depends on a clock, a uuid or an unseeded random "
+        "generator [env='unstable_ids' config='default' split='train' row='{...}' field='id']. Fix: draw everything "
+        "from random.Random(seed) (the seed generate_tasks receives) and build rows with hubgym.make_task"),
+    "nondeterministic_rows": (
+        "check_deterministic_rows: row {...} differs between two builds of the same config and seed (id: '{id}' then "
+        "'{id}'); most likely generate_tasks uses an unseeded random generator, the clock, or the order of a set "
+        "[env='nondeterministic_rows' config='default' split='train' row='{id}' field='id']. Fix: draw everything "
+        "from random.Random(seed) and iterate over sorted collections"),
+    "bad_feature": (
+        "check_schema: the 'train' split declares 'interaction.max_turns' as Value('string'), but the task schema has "
+        "Value('int32'); most likely the builder overrides _info [env='bad_feature' config='default' split='train' "
+        "field='interaction.max_turns']. Fix: do not override _info: TaskBuilder declares "
+        "hubgym.schemas.TASK_FEATURES; put extra data inside info"),
+    "bad_prompt": (
+        "check_builds: config 'default' failed to build: AttributeError: 'str' object has no attribute 'get'; the "
+        "row's 'prompt' value does not fit the task schema [env='bad_prompt' config='default' split='train' "
+        "row='{id}' field='prompt']. Fix: build rows with hubgym.make_task(...) and messages with "
+        "hubgym.user()/assistant()/system(); put extra data inside info"),
+    "unknown_tool": (
+        "check_tool_schemas: tool 'no_such_tool' is not in the tool registry (known: {...}) [env='unknown_tool' "
+        "field='TOOLS']. Fix: fix the tool name, or install the package registering it in the 'hubgym.tools' "
+        "entry-point group"),
+    "golden_disagrees": (
+        "check_golden_cases: golden case 'upper case counts' scored 0.0, but the golden file declares 1.0 "
+        "(components {'correct': 0.0}); most likely the verifier changed what it rewards, or the case is wrong "
+        "[env='golden_disagrees' field='GOLDEN']. Fix: fix the verifier; or, if the new reward is intended, update "
+        "the case and bump ENV_VERSION"),
+    "no_full_reward": (
+        "check_golden_extremes: no golden case earns the top of REWARD_RANGE (1.0); declared rewards: [0.0] "
+        "[env='no_full_reward' field='GOLDEN']. Fix: add a golden case whose trajectory earns full reward (1.0), so "
+        "both ends of the range are tested"),
+    "impure_write": (
+        "check_verifier_pure: the verifier reached outside itself while scoring the empty reply: file write: open "
+        "'/dev/null' mode 'w'; most likely it logs to a file, caches on disk or calls a service [env='impure_write' "
+        f"config='default' split='train' row='{{id}}' field='verifier']. {PURE_FIX}"),
+    "impure_socket": (
+        "check_verifier_pure: the verifier reached outside itself while scoring the empty reply: network: "
+        "socket.getaddrinfo '127.0.0.1' 9; most likely it logs to a file, caches on disk or calls a service "
+        f"[env='impure_socket' config='default' split='train' row='{{id}}' field='verifier']. {PURE_FIX}"),
+    "verifier_raises": (
+        "check_scoring_no_errors: the verifier raised IndexError: list index out of range while scoring the empty "
+        "reply; a verifier exception on well-formed input is a bug (the rollout is dropped from training) "
+        "[env='verifier_raises' config='default' split='train' row='{id}' field='correct']. Fix: return a low "
+        "reward for empty, off-format or wrong replies; raise only for a malformed task row"),
+    "reward_out_of_range": (
+        "check_reward_range: reward -1.0 for the empty reply is outside REWARD_RANGE (0.0, 1.0) (components "
+        "{'correct': 0.0, 'penalty': -1.0}); most likely REWARD_RANGE leaves out a weighted reward, the step rewards "
+        "or tool_rewards shaping [env='reward_out_of_range' config='default' split='train' row='{id}' "
+        "field='REWARD_RANGE']. Fix: declare REWARD_RANGE = (low, high) bounding the total reward, or rescale the "
+        "rewards into it"),
+    "random_metric": (
+        "check_scoring_deterministic: scoring the empty reply twice gave reward 0.0 {'correct': 0.0, 'confidence': "
+        "{...}}, then reward 0.0 {'correct': 0.0, 'confidence': {...}}; most likely the verifier uses an unseeded "
+        "random generator, the clock, or state kept between calls [env='random_metric' config='default' "
+        f"split='train' row='{{id}}' field='verifier']. {SEEDED_FIX}"),
+    "nondeterministic_step": (
+        "check_reset_step_deterministic: running golden case 'binary search finds it' twice gave different "
+        "observations at step 1 ('Lower. (hint #{...})' then 'Lower. (hint #{...})'); most likely reset or step "
+        "uses an unseeded random generator, the clock, or state kept outside `state` "
+        f"[env='nondeterministic_step' field='GOLDEN']. {SEEDED_FIX}"),
+}
+
+
+def pin(template: str) -> str:
+    """A regex matching the whole message: literal text, with {...} and {id} as the only wildcards."""
+    parts = re.split(r"(\{\.\.\.\}|\{id\})", template)
+    wild = {"{...}": ".+?", "{id}": r"[a-z_]+-[0-9a-f]{16}"}
+    return "^" + "".join(wild.get(p, re.escape(p)) for p in parts) + "$"
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_broken_env_fails_the_intended_check_with_the_intended_message(name):
+    intended = BROKEN[name].split(":", 1)[0]
+    with pytest.raises(EnvContractError, match=pin(BROKEN[name])) as err:
+        assert_env_ok(str(ENVS / name))
+    assert err.value.check == intended and err.value.where.env == name
+
+
+def test_every_broken_env_folder_is_pinned():
+    folders = {p.name for p in ENVS.iterdir() if (p / "builder.py").is_file()}
+    assert folders - {"baseline", "baseline_mdp"} == set(BROKEN)
+
+
+def test_check_env_reports_the_failure_without_raising_and_runs_the_other_checks():
+    results = check_env(str(ENVS / "golden_disagrees"))
+    failed = [r for r in results if not r.ok]
+    assert [r.check for r in failed] == ["check_golden_cases"]
+    assert re.match(pin(BROKEN["golden_disagrees"]), failed[0].message)
+    assert results[-1].check == "check_golden_replay" and results[-1].ok  # later checks still ran
