@@ -80,3 +80,25 @@ class SandboxUnavailableError(HubgymError, RuntimeError):
 
 class ImpureVerifierError(HubgymError, RuntimeError):
     """A verifier touched the network or the filesystem while scoring (raised inside the guard)."""
+
+
+class VerifierNotTrustedError(HubgymError, PermissionError):
+    """A hub env's verifier was not run: its sha256 matches no pin and trust was not given.
+
+    Verifier code from a repo is code from someone else; it runs only when its sha256 equals a
+    pin the user gave (or the user passes trust=True). The message shows the actual sha256 and
+    how to pin it. Nothing from the module has been executed when this is raised.
+    """
+
+    def __init__(self, message: str, repo: str | None = None, revision: str | None = None,
+                 sha256: str | None = None, pinned: str | None = None):
+        self.repo, self.revision, self.sha256, self.pinned = repo, revision, sha256, pinned
+        super().__init__(message, repo=repo, revision=revision, sha256=sha256, pinned=pinned)
+
+
+class HubAuthError(HubgymError, PermissionError):
+    """The hub refused a request for want of (valid) credentials. The token itself is never shown."""
+
+
+class HubConnectionError(HubgymError, ConnectionError):
+    """The hub could not be reached, or kept dropping the connection, after retries."""

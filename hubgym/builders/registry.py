@@ -92,7 +92,11 @@ def load_builder_file(path: Path) -> type[TaskBuilder]:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[name] = module
-        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except BaseException:  # a half-run module must not be found by the next attempt
+            del sys.modules[name]
+            raise
     module = sys.modules[name]
     found = [c for c in vars(module).values()
              if inspect.isclass(c) and issubclass(c, TaskBuilder) and c is not TaskBuilder and c.__module__ == name]

@@ -5,7 +5,8 @@ Two engines, one async interface:
   gathered into one `LLM.generate` call (turn-level batching), run in a worker thread.
 - `OpenAIEngine`: any OpenAI-compatible server (a `vllm` server in production, hosted APIs for
   evaluation) through the `openai` async client, in `tokens` mode (token-in `/v1/completions`,
-  text tool-call parsing) or `chat` mode (`/v1/chat/completions`, the server's tool parser).
+  text tool-call parsing), `chat` mode (`/v1/chat/completions`, the server's template and tool
+  parser) or `chat_tokens` mode (token-in `/v1/chat/completions`, the server's tool parser).
 
 vLLM, torch and openai are imported when an engine is created, never by `import hubgym`.
 """
@@ -103,8 +104,11 @@ class VLLMEngine:
     async def _flush(self) -> None:
         """Let every ready trajectory enqueue, then run the whole queue as one batch; repeat."""
         while self._queue:
-            for _ in range(3):
+            quiet = 0
+            while quiet < 3:  # until 3 event-loop rounds add no request: every ready trajectory is in
+                size = len(self._queue)
                 await asyncio.sleep(0)
+                quiet = quiet + 1 if len(self._queue) == size else 0
             batch, self._queue = self._queue, []
             try:
                 outputs = await asyncio.to_thread(self._generate_batch, [(r, s) for r, s, _ in batch])
@@ -135,61 +139,114 @@ def _sample_from_vllm(completion: Any, prompt_ids: list[int]) -> Sample:
 
 
 class OpenAIEngine:
-    """An OpenAI-compatible server. `mode="tokens"` is token-in (vLLM servers); `"chat"` uses the server's
-    chat template and tool parser (native tool calls; hosted APIs return no token ids)."""
+    """An OpenAI-compatible server through the `openai` async client, in one of three modes:
+
+    - `tokens`: token-in `/v1/completions` (`prompt=[ids]`); tool calls are parsed from the text by
+      the loop. Needs a server that returns token ids (vLLM's `return_token_ids`).
+    - `chat`: `/v1/chat/completions`; the server renders the messages with its chat template and
+      its tool parser returns native tool calls. Works with hosted APIs (no token ids there). The
+      loop checks that each turn's server-rendered prompt extends the stored tokens; it does not
+      when the model sampled a non-canonical tokenization of its reply (re-tokenization drift).
+    - `chat_tokens`: `/v1/chat/completions` with the stored ids as the prompt (vLLM reads them from
+      `kv_transfer_params.prompt_token_ids` and skips templating): token-in like `tokens`, native
+      tool calls like `chat`. The engine checks the server really used the ids.
+
+    Connection failures, timeouts, 429 and 5xx are retried by the client (`max_retries`, exponential
+    backoff); what still fails, and 401/403/404 (wrong key or model: every request would fail),
+    raise `EngineError` naming the server. Any other 4xx fails one request: `RequestError`.
+    `extra_body` is merged into every request body, e.g. `{"structured_outputs": {"regex": ...}}`.
+    """
 
     name = "openai"
+    MODES = ("tokens", "chat", "chat_tokens")
 
     def __init__(self, model: str, base_url: str, *, mode: str = "tokens", api_key: str | None = None,
-                 max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 64):
+                 max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 64,
+                 extra_body: dict[str, Any] | None = None):
         import openai
 
-        if mode not in ("tokens", "chat"):
-            raise ValueError(f"OpenAIEngine mode is {mode!r}; use 'tokens' (token-in) or 'chat'")
-        self.model, self.mode, self.max_model_len, self.token_in = model, mode, max_model_len, mode == "tokens"
+        if mode not in self.MODES:
+            raise ValueError(f"OpenAIEngine mode is {mode!r}; use one of {self.MODES}")
+        self.model, self.base_url, self.mode, self.max_model_len = model, base_url, mode, max_model_len
+        self.token_in = mode in ("tokens", "chat_tokens")
         self.version = f"openai-{openai.__version__}"
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "EMPTY", max_retries=max_retries,
-                                         timeout=timeout_s)
-        self._errors = (openai.APIConnectionError, openai.APITimeoutError, openai.InternalServerError)
-        self._bad_request = openai.APIStatusError
-        self._limit = asyncio.Semaphore(concurrency)
+        self.max_retries, self.timeout_s, self.concurrency = max_retries, timeout_s, concurrency
+        self.api_key, self.extra_body = api_key or "EMPTY", dict(extra_body or {})
+        self._fatal = (openai.APIConnectionError, openai.AuthenticationError, openai.PermissionDeniedError,
+                       openai.NotFoundError, openai.RateLimitError, openai.InternalServerError)
+        self._refused = openai.APIStatusError
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _bind(self) -> None:
+        """One client and semaphore per event loop: each `run_rollouts` call runs its own loop."""
+        import openai
+
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._limit = loop, asyncio.Semaphore(self.concurrency)
+            self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key,
+                                             max_retries=self.max_retries, timeout=self.timeout_s)
 
     async def generate(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
+        self._bind()
         async with self._limit:
             try:
-                return await (self._tokens(request, sampling) if self.token_in else self._chat(request, sampling))
-            except self._errors as exc:  # the client already retried with backoff
-                raise EngineError(f"server unreachable or failing after retries: {type(exc).__name__}: {exc}") from exc
-            except self._bad_request as exc:
-                raise RequestError(f"server refused the request: {exc.status_code} {str(exc)[:500]}") from exc
+                return await (self._tokens(request, sampling) if self.mode == "tokens" else self._chat(request, sampling))
+            except self._fatal as exc:  # the client already retried with backoff
+                raise EngineError(f"OpenAI-compatible server at {self.base_url} failed after {self.max_retries} "
+                                  f"retries ({type(exc).__name__}: {str(exc)[:500]}); check the server is up and "
+                                  f"serves model {self.model!r}, then re-run to resume") from exc
+            except self._refused as exc:
+                raise RequestError(f"server at {self.base_url} refused the request: "
+                                   f"{exc.status_code} {str(exc)[:1000]}") from exc
 
-    def _common(self, request: Request, sampling: SamplingArgs) -> dict[str, Any]:
+    def _body(self, request: Request, sampling: SamplingArgs) -> dict[str, Any]:
+        extra = {**self.extra_body, "return_token_ids": True}
+        if self.mode == "chat_tokens":
+            extra["kv_transfer_params"] = {**extra.get("kv_transfer_params", {}), "prompt_token_ids": list(request.ids)}
         return {"model": self.model, "n": request.n, "max_tokens": request.max_tokens, "seed": request.seed,
-                "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "extra_body": {"return_token_ids": True}}
+                "temperature": sampling.temperature, "top_p": sampling.top_p, "extra_body": extra}
 
     async def _tokens(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
-        resp = (await self.client.completions.create(prompt=request.ids, logprobs=0,
-                                                     **self._common(request, sampling))).model_dump()
-        return [Sample(list(c.get("token_ids") or []), list((c.get("logprobs") or {}).get("token_logprobs") or []),
-                       c["text"], c.get("finish_reason") or "stop", list(request.ids)) for c in resp["choices"]]
+        resp = await self.client.completions.create(prompt=list(request.ids), logprobs=0, **self._body(request, sampling))
+        choices = sorted(resp.model_dump()["choices"], key=lambda c: c.get("index") or 0)
+        if any(c.get("token_ids") is None for c in choices):
+            raise EngineError(f"the server at {self.base_url} returned no token ids; mode 'tokens' needs a vLLM "
+                              f"server (request field return_token_ids); use mode 'chat' for other servers")
+        return [Sample(list(c["token_ids"]), _floats((c.get("logprobs") or {}).get("token_logprobs")), c.get("text") or "",
+                       c.get("finish_reason") or "stop", list(c.get("prompt_token_ids") or request.ids))
+                for c in choices]
 
     async def _chat(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
         from hubgym.schemas.messages import from_openai, to_openai
 
-        kwargs = self._common(request, sampling)
+        body = self._body(request, sampling)
         if request.tools:
-            kwargs["tools"] = request.tools
+            body["tools"] = request.tools
         resp = (await self.client.chat.completions.create(
-            messages=[to_openai(m) for m in request.messages], logprobs=True, **kwargs)).model_dump()
-        samples = []
-        for c in resp["choices"]:
-            message = from_openai({**c["message"], "role": "assistant"})
-            logprobs = [t["logprob"] for t in ((c.get("logprobs") or {}).get("content") or [])]
-            samples.append(Sample(list(c.get("token_ids") or []), logprobs, message["content"] or "",
-                                  c.get("finish_reason") or "stop", list(resp.get("prompt_token_ids") or []),
-                                  message["tool_calls"]))
-        return samples
+            messages=[to_openai(m) for m in request.messages], logprobs=True, **body)).model_dump()
+        prompt_ids = list(resp.get("prompt_token_ids") or [])
+        if self.mode == "chat_tokens" and prompt_ids != list(request.ids):
+            raise EngineError(f"the server at {self.base_url} did not take the prompt from "
+                              f"kv_transfer_params.prompt_token_ids (a vLLM server >= 0.32 does); use mode 'tokens'")
+        return [self._chat_sample(c, prompt_ids, from_openai)
+                for c in sorted(resp["choices"], key=lambda c: c.get("index") or 0)]
+
+    def _chat_sample(self, choice: dict, prompt_ids: list[int], from_openai: Any) -> Sample:
+        message = from_openai({**choice["message"], "role": "assistant"})
+        logprobs = [t["logprob"] for t in ((choice.get("logprobs") or {}).get("content") or [])]
+        finish = choice.get("finish_reason") or "stop"
+        if self.mode == "chat_tokens" and finish == "tool_calls":
+            finish = "stop"  # vLLM renames a natural stop that carried tool calls; the loop needs "stop" (EOS sampled)
+        # tool_calls is a list, never None: the server's parser decided; the loop must not re-parse the text
+        return Sample(list(choice.get("token_ids") or []), logprobs, message["content"] or "", finish, prompt_ids,
+                      message["tool_calls"] or [])
 
     def close(self) -> None:
-        pass
+        self._loop = None  # the client's connections belong to a finished event loop; a new one is made on use
+
+
+def _floats(values: list[float | None] | None) -> list[float]:
+    """Per-token logprobs; none at all when any is missing (the loop then flags the record)."""
+    values = list(values or [])
+    return [] if any(v is None for v in values) else [float(v) for v in values]

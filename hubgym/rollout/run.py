@@ -194,20 +194,22 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
 async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress) -> None:
     from hubgym.rollout.progress import RolloutProgress
 
-    limit = asyncio.Semaphore(config.concurrency)
+    pending = iter(todo)
     with RolloutProgress(len(todo), config.n, enabled=progress) as bar:
-        async def one(env: EnvTasks, task: Task) -> None:
-            async with limit:
+        async def worker() -> None:
+            # A bounded pool: `concurrency` workers pull groups one at a time, so only that many groups
+            # (coroutines, trajectories, rows) exist at once, whatever the number of tasks.
+            for env, task in pending:
                 ctx = LoopContext(engine, renderer, config.sampling, env.verifier)
                 trajs = await run_group(task, config.n, ctx)
-            rows = [to_row(t, env.verifier, run_id, config, engine, renderer) for t in trajs]
-            writer.add_group(rows)
-            tokens = sum(sum(r["completion_mask"]) for r in rows)
-            stats["written"] += len(rows)
-            stats["tokens"] += tokens
-            bar.advance(len(rows), tokens)
+                rows = [to_row(t, env.verifier, run_id, config, engine, renderer) for t in trajs]
+                writer.add_group(rows)
+                tokens = sum(sum(r["completion_mask"]) for r in rows)
+                stats["written"] += len(rows)
+                stats["tokens"] += tokens
+                bar.advance(len(rows), tokens)
 
-        await asyncio.gather(*(one(env, task) for env, task in todo))
+        await asyncio.gather(*(worker() for _ in range(min(config.concurrency, len(todo)))))
 
 
 def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:

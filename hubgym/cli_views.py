@@ -1,0 +1,132 @@
+"""What the `hubgym` command shows: rich tables, failure reports, and checks run under a progress bar.
+
+Every cell that holds text from an env (names, messages) is a `rich.text.Text`, so brackets in
+messages such as `[env='x' split='train']` are printed as they are, never read as markup.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from rich import box
+from rich.console import Console, Group
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+from hubgym.catalog import EnvEntry, count_rows, split_of
+
+if TYPE_CHECKING:
+    from hubgym.conformance import CheckResult
+
+PASS, FAIL = Text("pass", style="green"), Text("FAIL", style="bold red")
+
+
+def error_text(exc: BaseException) -> str:
+    """The message of a hubgym error; `Type: message` of anything else. A failed datasets build is
+    reported by the builder's own error underneath it (its `__cause__`)."""
+    from datasets.exceptions import DatasetGenerationError
+
+    from hubgym.errors import HubgymError
+
+    if isinstance(exc, DatasetGenerationError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return str(exc) if isinstance(exc, HubgymError) else f"{type(exc).__name__}: {exc}"
+
+
+def catalog_table(entries: list[EnvEntry]) -> Group:
+    """One row per env, its configs and their split sizes line by line; envs that failed to load listed below."""
+    table = Table(title="hubgym environments", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("env", "version", "kind", "configs", "split sizes", "tools", "verifier"):
+        table.add_column(column, no_wrap=column != "verifier", overflow="fold")
+    broken = [e for e in entries if e.error]
+    for e in entries:
+        if e.error:
+            table.add_row(Text(e.name, style="bold"), "", Text("unavailable", style="red"))
+            continue
+        table.add_row(Text(e.name, style="bold"), e.env_id.removeprefix(f"{e.name}-"), e.kind, "\n".join(e.configs),
+                      "\n".join(e.splits[c] for c in e.configs), ", ".join(e.tools) or "-", Text(e.verifier))
+    notes = [Text.assemble((f"{e.name}: ", "bold red"), (e.error or "", "red")) for e in broken]
+    return Group(table, *notes)
+
+
+def files_table(files: Iterable[Path], title: str) -> Table:
+    """Built files with the split each holds and its row count (read back from the file)."""
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
+    for column, justify in (("config", "left"), ("split", "left"), ("rows", "right"), ("file", "left")):
+        table.add_column(column, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for path in files:
+        table.add_row(path.parent.name, split_of(path), str(count_rows(path)), Text(str(path)))
+    return table
+
+
+def checks_table(results: list[CheckResult]) -> Table:
+    table = Table(title="conformance", title_justify="left", box=box.SIMPLE_HEAD)
+    for column, justify in (("env", "left"), ("check", "left"), ("status", "left"), ("seconds", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for r in results:
+        table.add_row(Text(r.env), Text(r.check), PASS if r.ok else FAIL, f"{r.seconds:.2f}")
+    return table
+
+
+def failures(results: list[CheckResult]) -> Group:
+    """Every failure message in full, under a header naming the env and the check."""
+    parts: list[Text] = []
+    for r in results:
+        if not r.ok:
+            parts += [Text.assemble(("FAIL ", "bold red"), (f"{r.env} / {r.check}", "bold")), Text(r.message), Text("")]
+    return Group(*parts)
+
+
+@dataclass(frozen=True)
+class EnvSummary:
+    """One line of the demo summary."""
+
+    env: str
+    kind: str
+    rows: int
+    passed: int
+    total: int
+    seconds: float
+
+
+def summary_table(rows: list[EnvSummary]) -> Table:
+    table = Table(title="summary", title_justify="left", box=box.SIMPLE_HEAD)
+    for column, justify in (("env", "left"), ("kind", "left"), ("rows", "right"), ("checks", "right"),
+                            ("seconds", "right")):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for r in rows:
+        style = "green" if r.passed == r.total else "red"
+        table.add_row(Text(r.env), r.kind, str(r.rows), Text(f"{r.passed}/{r.total}", style=style), f"{r.seconds:.1f}")
+    return table
+
+
+def failed(env: str, check: str, exc: BaseException, started: float) -> CheckResult:
+    """A failure row for an error raised outside the checks themselves (loading or building an env)."""
+    from hubgym.conformance import CheckResult
+
+    return CheckResult(env=env, check=check, ok=False, message=error_text(exc), seconds=time.perf_counter() - started)
+
+
+def with_progress(console: Console, names: list[str], work: Callable[[str], Iterable[CheckResult]],
+                  verb: str = "checking", steps: int = 1) -> list[CheckResult]:
+    """Run `work(name)` for each env under a progress bar of `steps` results per env, naming the check
+    just finished when `work` yields results one by one. An exception becomes one failure row."""
+    results: list[CheckResult] = []
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task(verb, total=len(names) * steps)
+        for done, name in enumerate(names, start=1):
+            progress.update(bar, description=f"{verb} {name}")
+            started = time.perf_counter()
+            try:
+                for result in work(name):
+                    results.append(result)
+                    progress.update(bar, advance=1, description=f"{verb} {name}: {result.check} done")
+            except Exception as exc:  # one broken env is a failure row, not the end of the run
+                results.append(failed(name, "load", exc, started))
+            progress.update(bar, completed=done * steps)
+    return results

@@ -1,0 +1,154 @@
+"""The hub interface: repos of files with immutable revisions, behind one small API.
+
+Two backends implement it: `HfHub` (the Hugging Face Hub through huggingface_hub) and
+`LocalHub` (a folder, the default on a machine with no network). Both give every commit a new
+revision id, keep old revisions loadable, and hand back a revision as a local folder laid out
+exactly like the Hub repo, so `datasets.load_dataset(snapshot.path, CONFIG)` behaves the same.
+
+    hub = get_hub()                              # $HUBGYM_HUB: "hf", an endpoint URL, or a folder
+    hub.create_repo("org/arith")
+    rev = hub.commit("org/arith", {"README.md": b"...", "data/x.parquet": Path("x.parquet")}, "push")
+    snap = hub.resolve("org/arith", rev)         # Snapshot(repo, revision, path)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from hubgym.errors import EnvNotFoundError
+
+FileSource = Path | bytes
+"""A file to commit: its bytes, or the path of a local file holding them."""
+
+GITATTRIBUTES = ".gitattributes"
+"""Every repo starts with it (as on the Hub); `commit(..., replace=True)` keeps it."""
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}$")
+HUB_ENV_VAR = "HUBGYM_HUB"
+DEFAULT_LOCAL_HUB = Path("~/.cache/hubgym/hub")
+
+
+@dataclass(frozen=True)
+class Revision:
+    """One commit of a repo."""
+
+    id: str  # full commit id (40 hex)
+    message: str
+    date: str  # ISO 8601, UTC
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A revision of a repo as a local folder (read it, never write to it)."""
+
+    repo: str
+    revision: str  # the full commit id, even when a branch name was asked for
+    path: Path
+
+
+class HubBackend(ABC):
+    """Where env and rollout repos live. Every method names the repo as `org/name`."""
+
+    name: str  # "local" or "hf", shown in messages
+
+    @abstractmethod
+    def create_repo(self, repo: str) -> None:
+        """Create the repo (with an initial commit) if it does not exist; no-op if it does."""
+
+    @abstractmethod
+    def commit(self, repo: str, files: Mapping[str, FileSource], message: str, *, replace: bool = False) -> str:
+        """Add (or overwrite) `files` in one atomic commit and return the new revision id.
+
+        With `replace=True` the new revision holds exactly `files` (plus .gitattributes): paths of
+        the previous revision not listed are deleted. A commit that changes nothing returns the
+        current revision (no empty commits, as on the Hub). A commit that fails leaves the
+        previous revision as the head.
+        """
+
+    @abstractmethod
+    def revisions(self, repo: str) -> list[Revision]:
+        """The commits of the main branch, newest first."""
+
+    @abstractmethod
+    def resolve(self, repo: str, revision: str | None = None, *, patterns: list[str] | None = None) -> Snapshot:
+        """The revision (branch, full or unique short commit id; default main) as a local folder.
+
+        `patterns` (fnmatch globs) limits which files are fetched, for backends that download.
+        """
+
+    @abstractmethod
+    def exists(self, repo: str, revision: str | None = None) -> bool:
+        """Whether the repo (and, if given, the revision) exists."""
+
+    def location(self, repo: str) -> str:
+        """Where the repo lives, for messages (a URL or a folder)."""
+        return repo
+
+    def stream_urls(self, snapshot: Snapshot, paths: list[str]) -> tuple[list[str], dict]:
+        """Where `datasets` can stream these files of a revision from, and the fsspec options to open them.
+
+        Default: the files of the local snapshot. Backends that download override it to read
+        remotely (pinned to the revision) without downloading whole files.
+        """
+        return [str(snapshot.path / p) for p in paths], {}
+
+
+def parse_ref(ref: str) -> tuple[str, str | None]:
+    """`org/name@revision` -> ("org/name", "revision"); the revision is optional."""
+    repo, at, revision = ref.partition("@")
+    check_repo_id(repo)
+    if at and not revision:
+        raise EnvNotFoundError(f"{ref!r} has an empty revision after '@'; write org/name@<commit id or branch>")
+    return repo, revision or None
+
+
+def check_repo_id(repo: str) -> str:
+    if not _REPO_ID.match(repo):
+        raise EnvNotFoundError(f"{repo!r} is not a hub repo id; write org/name (letters, digits, '-', '_', '.'), "
+                               f"optionally @revision")
+    return repo
+
+
+def get_hub(spec: HubBackend | str | os.PathLike | None = None) -> HubBackend:
+    """The hub named by `spec`, else by $HUBGYM_HUB, else the local hub folder ~/.cache/hubgym/hub.
+
+    "hf" (or "huggingface") is the Hugging Face Hub at HF_ENDPOINT; an http(s) URL is a Hub-API
+    server at that URL; anything else is a local hub folder.
+    """
+    if isinstance(spec, HubBackend):
+        return spec
+    spec = os.fspath(spec) if spec is not None else os.environ.get(HUB_ENV_VAR) or str(DEFAULT_LOCAL_HUB)
+    if spec in ("hf", "hf:", "huggingface"):
+        from hubgym.hub.hf import HfHub
+
+        return HfHub()
+    if spec.startswith(("http://", "https://")):
+        from hubgym.hub.hf import HfHub
+
+        return HfHub(endpoint=spec)
+    from hubgym.hub.local import LocalHub
+
+    return LocalHub(Path(spec.removeprefix("file://")).expanduser())
+
+
+def expand_revision(revision: str, revisions: list[Revision]) -> str | None:
+    """A unique commit-id prefix (at least 7 hex) -> the full id; None if no commit or several match."""
+    if not re.fullmatch(r"[0-9a-f]{7,40}", revision):
+        return None
+    found = [r.id for r in revisions if r.id.startswith(revision)]
+    return found[0] if len(found) == 1 else None
+
+
+def not_found(hub: HubBackend, repo: str, revision: str | None = None) -> EnvNotFoundError:
+    """The error for a missing repo or revision, with what to do about it."""
+    where = hub.location(repo)
+    if revision is None:
+        return EnvNotFoundError(f"no repo {repo!r} on the {hub.name} hub ({where}); push one with "
+                                f"`hubgym push ENV {repo}`, or check the name and the hub (${HUB_ENV_VAR})")
+    return EnvNotFoundError(f"repo {repo!r} on the {hub.name} hub has no revision {revision!r}; list its revisions "
+                            f"with hub.revisions({repo!r}), or load the latest with {repo!r} (no @revision)")

@@ -1,0 +1,207 @@
+"""A hub in a local folder: the embedded default on a machine with no network.
+
+Each repo is a directory; each revision an immutable snapshot folder laid out exactly like the
+Hub repo, so `datasets.load_dataset(snapshot.path, CONFIG)` behaves as it does on the Hub:
+
+    <root>/datasets/<org>/<name>/
+        refs/main             the head commit id (replaced atomically: the only thing a commit changes in place)
+        commits/<id>.json     {"parent", "message", "date", "tree": {path: {"sha256", "size"}}}
+        snapshots/<id>/...    the files at that revision: hard links to blobs/ (read-only)
+        blobs/<sha256>        file contents, stored once however many revisions hold them
+        tmp/                  staging; whatever an interrupted commit left there is cleared by the next
+
+A commit stages the new snapshot, renames it into place, writes its record, and only then moves
+`refs/main`; a push that fails at any step leaves the previous revision as the head. The commit id
+is the sha1 of the record (parent, tree, message, date), as git derives ids from content.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import stat
+import uuid
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Iterator, Mapping
+
+from hubgym.errors import EnvContractError, Where
+from hubgym.hub.base import (
+    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, expand_revision, not_found,
+)
+
+INITIAL_GITATTRIBUTES = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n*.arrow filter=lfs diff=lfs merge=lfs -text\n"
+_CHUNK = 1 << 20
+
+
+class LocalHub(HubBackend):
+    """Repos with revisions in a folder (see the module docstring for the layout)."""
+
+    name = "local"
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root).expanduser()
+
+    def __repr__(self) -> str:
+        return f"LocalHub({str(self.root)!r})"
+
+    def location(self, repo: str) -> str:
+        return str(self._dir(repo))
+
+    # -- the interface ----------------------------------------------------------------------
+
+    def create_repo(self, repo: str) -> None:
+        folder = self._dir(check_repo_id(repo))
+        folder.mkdir(parents=True, exist_ok=True)
+        with self._locked(folder):
+            if not (folder / "refs" / "main").is_file():
+                self._commit_locked(folder, {GITATTRIBUTES: INITIAL_GITATTRIBUTES}, "initial commit", replace=False)
+
+    def commit(self, repo: str, files: Mapping[str, FileSource], message: str, *, replace: bool = False) -> str:
+        folder = self._dir(check_repo_id(repo))
+        if not self.exists(repo):
+            raise not_found(self, repo)
+        with self._locked(folder):
+            return self._commit_locked(folder, files, message, replace=replace)
+
+    def revisions(self, repo: str) -> list[Revision]:
+        folder = self._dir(check_repo_id(repo))
+        if not self.exists(repo):
+            raise not_found(self, repo)
+        out, commit_id = [], self._head(folder)
+        while commit_id:
+            record = self._record(folder, commit_id)
+            out.append(Revision(commit_id, record["message"], record["date"]))
+            commit_id = record["parent"]
+        return out
+
+    def resolve(self, repo: str, revision: str | None = None, *, patterns: list[str] | None = None) -> Snapshot:
+        folder = self._dir(check_repo_id(repo))
+        if not self.exists(repo):
+            raise not_found(self, repo)
+        commit_id = self._find(folder, repo, revision or "main")
+        if commit_id is None:
+            raise not_found(self, repo, revision)
+        return Snapshot(repo, commit_id, folder / "snapshots" / commit_id)
+
+    def exists(self, repo: str, revision: str | None = None) -> bool:
+        folder = self._dir(check_repo_id(repo))
+        if not (folder / "refs" / "main").is_file():
+            return False
+        return revision is None or self._find(folder, repo, revision) is not None
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _dir(self, repo: str) -> Path:
+        return self.root / "datasets" / repo
+
+    def _head(self, folder: Path) -> str:
+        return (folder / "refs" / "main").read_text().strip()
+
+    def _record(self, folder: Path, commit_id: str) -> dict:
+        return json.loads((folder / "commits" / f"{commit_id}.json").read_text())
+
+    def _find(self, folder: Path, repo: str, revision: str) -> str | None:
+        if revision == "main":
+            return self._head(folder)
+        if (folder / "commits" / f"{revision}.json").is_file():
+            return revision
+        return expand_revision(revision, self.revisions(repo))
+
+    @contextmanager
+    def _locked(self, folder: Path) -> Iterator[None]:
+        """One committer per repo at a time (readers never lock: what they read is immutable)."""
+        with open(folder / ".lock", "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _commit_locked(self, folder: Path, files: Mapping[str, FileSource], message: str, *, replace: bool) -> str:
+        shutil.rmtree(folder / "tmp", ignore_errors=True)  # we hold the lock: anything staged there is abandoned
+        (folder / "tmp").mkdir(parents=True)
+        head = self._head(folder) if (folder / "refs" / "main").is_file() else None
+        parent_tree = self._record(folder, head)["tree"] if head else {}
+        tree = dict(parent_tree) if not replace else {k: v for k, v in parent_tree.items() if k == GITATTRIBUTES}
+        for path, source in files.items():
+            tree[_check_path(path)] = self._store_blob(folder, source)
+        if head and tree == parent_tree:
+            return head  # nothing changed: no empty commits
+        record = {"parent": head, "message": message, "date": _now(), "tree": dict(sorted(tree.items()))}
+        commit_id = hashlib.sha1(json.dumps(record, sort_keys=True).encode()).hexdigest()
+        self._write_snapshot(folder, commit_id, record["tree"])
+        _atomic_write(folder / "commits" / f"{commit_id}.json", json.dumps(record, indent=1).encode())
+        _atomic_write(folder / "refs" / "main", commit_id.encode())  # the commit point
+        return commit_id
+
+    def _store_blob(self, folder: Path, source: FileSource) -> dict:
+        """Copy a file into blobs/ (once per content) while hashing it; return its tree entry."""
+        staged = folder / "tmp" / f"blob-{uuid.uuid4().hex}"
+        digest, size = hashlib.sha256(), 0
+        with open(staged, "wb") as out:
+            for chunk in _chunks(source):
+                digest.update(chunk)
+                size += len(chunk)
+                out.write(chunk)
+        sha = digest.hexdigest()
+        target = folder / "blobs" / sha
+        if target.exists():
+            staged.unlink()
+        else:
+            target.parent.mkdir(exist_ok=True)
+            staged.chmod(stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)  # blobs are immutable
+            os.replace(staged, target)
+        return {"sha256": sha, "size": size}
+
+    def _write_snapshot(self, folder: Path, commit_id: str, tree: dict[str, dict]) -> None:
+        final = folder / "snapshots" / commit_id
+        if final.exists():
+            return
+        staging = folder / "tmp" / f"snapshot-{commit_id}"
+        for path, entry in tree.items():
+            target = staging / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(folder / "blobs" / entry["sha256"], target)
+            except OSError:  # a filesystem without hard links: copy
+                shutil.copyfile(folder / "blobs" / entry["sha256"], target)
+        staging.mkdir(parents=True, exist_ok=True)  # an empty tree is still a snapshot
+        final.parent.mkdir(exist_ok=True)
+        os.rename(staging, final)
+
+
+def _chunks(source: FileSource) -> Iterator[bytes]:
+    if isinstance(source, bytes):
+        yield source
+        return
+    with open(source, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            yield chunk
+
+
+def _check_path(path: str) -> str:
+    """Repo paths are relative POSIX paths without '..': a commit never writes outside its snapshot."""
+    parts = PurePosixPath(path).parts
+    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+        raise EnvContractError(f"{path!r} is not a valid path in a repo", Where(field=path),
+                               "use a relative POSIX path such as data/<config>/<split>-00000-of-00001.parquet")
+    return path
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(staged, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(staged, path)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")

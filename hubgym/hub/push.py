@@ -1,0 +1,158 @@
+"""Push an environment to a hub: its tasks as Parquet data files, a dataset card, the verifier and a manifest.
+
+    push_env("arithmetic", "org/arith")                               # every config, to get_hub()
+    push_env("wordle", "org/wordle", configs=["default"], overrides={"sizes": {"train": 50, "test": 10}},
+             hub="hf")
+
+Everything is built into a temporary folder first and then sent as one commit, so a build that
+fails touches nothing, and a commit that fails leaves the repo's previous revision as it was.
+The new revision holds exactly this push (files of earlier pushes that are gone are deleted).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from hubgym import __version__
+from hubgym.builders.base import TaskBuilder
+from hubgym.builders.registry import resolve_env
+from hubgym.errors import EnvContractError, Where
+from hubgym.hub.base import FileSource, HubBackend, check_repo_id, get_hub
+from hubgym.hub.card import render_card
+from hubgym.hub.manifest import (
+    CARD_FILE, FORMAT, GOLDEN_FILE, MANIFEST_FILE, VERIFIER_FILE, data_path, dumps,
+)
+from hubgym.schemas.version import SCHEMA_VERSION
+
+_BASE_CONFIG_FIELDS = {"name", "version", "data_dir", "data_files", "description"}
+
+
+@dataclass(frozen=True)
+class PushResult:
+    repo: str
+    revision: str  # the commit id of the pushed revision (unchanged if the push changed nothing)
+    location: str  # the repo's URL or folder
+    files: list[str]  # repo paths of the revision
+    manifest: dict
+
+    @property
+    def ref(self) -> str:
+        """`org/name@<commit id>`: what to give `load_env` to get exactly this revision back."""
+        return f"{self.repo}@{self.revision}"
+
+
+@dataclass
+class _Built:
+    """One config, materialized: its data files and what the manifest says about it."""
+
+    files: dict[str, Path]
+    summary: dict[str, Any]
+    tools: set[str]  # every tool a row offers
+    shaped: set[str]  # every tool a row rewards per call
+    first: dict | None  # the first row (for the card and the default interaction)
+
+
+def push_env(env: str | type[TaskBuilder], repo: str, *, hub: HubBackend | str | os.PathLike | None = None,
+             configs: list[str] | None = None, overrides: Mapping[str, Any] | None = None,
+             message: str | None = None) -> PushResult:
+    """Build `env` (all configs, or `configs`) and push it to `repo` as one new revision.
+
+    `overrides` sets builder-config fields for every pushed config (e.g. `sizes`, `seed`); the
+    values used are recorded in the manifest.
+    """
+    cls = resolve_env(env)
+    check_repo_id(repo)
+    backend = get_hub(hub)
+    names = configs or cls.config_names()
+    unknown = [n for n in names if n not in cls.config_names()]
+    if unknown:
+        raise EnvContractError(f"{cls.ENV} has no config {unknown[0]!r}", Where(cls.ENV, unknown[0]),
+                               f"choose among {', '.join(cls.config_names())}")
+    with tempfile.TemporaryDirectory(prefix="hubgym-push-") as tmp:
+        built = {name: _materialize(cls, name, dict(overrides or {}), Path(tmp)) for name in names}
+        verifier = cls.verifier()
+        files: dict[str, FileSource] = {p: f for b in built.values() for p, f in b.files.items()}
+        files[VERIFIER_FILE] = verifier.source_path.read_bytes()
+        golden = cls.source_dir() / cls.GOLDEN
+        if golden.is_file():
+            files[GOLDEN_FILE] = golden.read_bytes()
+        manifest = _manifest(cls, verifier, built, golden.is_file())
+        files[MANIFEST_FILE] = dumps(manifest)
+        first = built[names[0]].first
+        files[CARD_FILE] = render_card(manifest, repo, first, cls.__doc__).encode()
+        backend.create_repo(repo)
+        revision = backend.commit(repo, files, message or f"Push {cls.env_id()} ({', '.join(names)})", replace=True)
+    return PushResult(repo, revision, backend.location(repo), sorted(files), manifest)
+
+
+def _materialize(cls: type[TaskBuilder], name: str, overrides: dict, tmp: Path) -> _Built:
+    """Build one config's splits as Parquet shards, named as the Hub names them."""
+    try:
+        builder = cls(config_name=name, cache_dir=str(tmp / "cache" / name), dataset_name=cls.ENV, **overrides)
+    except ValueError as exc:  # datasets: "BuilderConfig ... doesn't have a 'x' key"
+        raise EnvContractError(f"cannot override the config of {cls.ENV}: {exc}", Where(cls.ENV, name),
+                               f"override only fields of {cls.BUILDER_CONFIG_CLASS.__name__}") from None
+    out = tmp / "build" / name
+    builder.download_and_prepare(output_dir=str(out), file_format="parquet", download_mode="force_redownload",
+                                 verification_mode="no_checks")
+    files, splits, first = {}, {}, None
+    kinds, tools, shaped = set(), set(), set()
+    for split, info in builder.info.splits.items():
+        shards = sorted(out.glob(f"{cls.ENV}-{split}.parquet")) or sorted(out.glob(f"{cls.ENV}-{split}-*-of-*.parquet"))
+        paths = [data_path(name, split, i, len(shards)) for i in range(len(shards))]
+        files.update(zip(paths, shards))
+        splits[split] = {"num_rows": info.num_examples, "files": paths}
+        for shard in shards:
+            spec = pq.read_table(shard, columns=["interaction"]).column("interaction").combine_chunks()
+            kinds |= _unique(spec.field("kind"))
+            tools |= _unique(pc.list_flatten(spec.field("tools")))
+            shaped |= _unique(pc.struct_field(pc.list_flatten(spec.field("tool_rewards")), "tool"))
+        if first is None and shards:
+            first = _first_row(shards[0])
+    params = {f.name: _jsonable(getattr(builder.config, f.name)) for f in fields(builder.config)
+              if f.name not in _BASE_CONFIG_FIELDS}
+    return _Built(files, {"params": params, "kinds": sorted(kinds), "splits": splits}, tools, shaped, first)
+
+
+def _unique(column) -> set[str]:
+    return {v for v in pc.unique(column).to_pylist() if v is not None}
+
+
+def _first_row(shard: Path) -> dict | None:
+    table = pq.read_table(shard).slice(0, 1).to_pylist()
+    if not table:
+        return None
+    row = table[0]
+    return {**row, "info": json.loads(row["info"]) if isinstance(row["info"], str) else row["info"]}
+
+
+def _manifest(cls: type[TaskBuilder], verifier, built: dict[str, _Built], has_golden: bool) -> dict:
+    first = next((b.first for b in built.values() if b.first is not None), None)
+    return {
+        "format": FORMAT, "schema_version": SCHEMA_VERSION, "hubgym_version": __version__,
+        "env": cls.ENV, "env_version": cls.ENV_VERSION, "env_id": cls.env_id(), "kind": cls.KIND,
+        "tools": sorted(set(cls.TOOLS).union(*(b.tools for b in built.values()))),
+        "tool_rewards": sorted(set().union(*(b.shaped for b in built.values()))),
+        "verifier": {
+            "path": VERIFIER_FILE, "module": verifier.name, "sha256": verifier.sha256,
+            "rewards": {name: weight for name, (_, weight) in verifier.rewards.items()},
+            "reward_range": list(verifier.reward_range), "success_threshold": verifier.success_threshold,
+            "multi_turn": verifier.multi_turn,
+        },
+        "golden": GOLDEN_FILE if has_golden else None,
+        "interaction": first["interaction"] if first else None,
+        "default_config": next(iter(built)),
+        "configs": {name: b.summary for name, b in built.items()},
+    }
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
