@@ -1,7 +1,6 @@
 # The two entry points: `make demo` (the project's main job) and `make test` (what CI runs).
 # Both work on a fresh machine: they create .venv, install hubgym with its CPU stack (vLLM, DeepSpeed)
-# and dev extras, and make
-# sure bubblewrap (the sandbox of code-running tools) is installed.
+# and dev extras, and make sure bubblewrap (the sandbox of code-running tools) is installed.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv

@@ -157,6 +157,63 @@ def demo(out: Annotated[Path, typer.Option(help="where the built envs are writte
     report(results, show_table=False)
 
 
+class EngineKind(str, Enum):
+    vllm = "vllm"
+    openai = "openai"
+
+
+@app.command()
+@user_errors
+def rollout(
+    envs: Annotated[list[str], typer.Argument(help="ENV or ENV:CONFIG (name, versioned id or folder), one or more")],
+    model: Annotated[str, typer.Option(help="model folder (or name served at --base-url); 'tiny' makes a tiny "
+                                            "local model")] = "tiny",
+    engine: Annotated[EngineKind, typer.Option(help="vllm: offline engine in this process; openai: a server")]
+    = EngineKind.vllm,
+    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")]
+    = None,
+    mode: Annotated[str, typer.Option(help="openai engine: 'tokens' (token-in) or 'chat' (native tool calls)")]
+    = "tokens",
+    n: Annotated[int, typer.Option(min=1, help="samples per task (one GRPO group)")] = 4,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="tasks per env [default: the whole split]")] = None,
+    split: Annotated[str, typer.Option(help="split to sample tasks from")] = "test",
+    out: Annotated[Path, typer.Option(help="run folder (re-running resumes)")] = Path("runs/rollout"),
+    max_tokens: Annotated[int, typer.Option(min=1, help="tokens per turn")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_model_len: Annotated[int, typer.Option(min=16, help="context length")] = 4096,
+    shard_index: Annotated[int, typer.Option(min=0, help="this worker's index")] = 0,
+    num_shards: Annotated[int, typer.Option(min=1, help="number of workers splitting the tasks")] = 1,
+) -> None:
+    """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
+    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
+    from hubgym.rollout.tiny_model import default_tiny_model
+
+    config = RolloutConfig(envs=envs, model=str(default_tiny_model()) if model == "tiny" else model, out=str(out),
+                           engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
+                           sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
+                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards)
+    summary = run_rollouts(config)
+    _console().print(views.frame_table(summarize(scan_rollouts([out])), title=f"run {summary.run_id}: {out}"))
+    _console().print(Text(f"{summary.written} rollouts written ({summary.skipped} already stored) in "
+                          f"{summary.seconds:.1f}s, {summary.generated_tokens / max(summary.seconds, 1e-9):,.0f} "
+                          f"generated tokens/s; shards in {out / 'shards'}"))
+
+
+@app.command("report")
+@user_errors
+def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard files or run folders")],
+                    plot: Annotated[Optional[Path], typer.Option(help="PNG of rewards per env "
+                                                                 "[default: SOURCE/rewards.png]")] = None) -> None:
+    """Summarize stored rollouts per env (rewards, pass@1/pass@k, turns, truncation, tools, errors) + a PNG."""
+    from hubgym.rollout import plot_rewards, scan_rollouts, summarize
+
+    rollouts = scan_rollouts(sources)
+    _console().print(views.frame_table(summarize(rollouts), title=f"rollouts in {', '.join(map(str, sources))}"))
+    target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
+    _console().print(Text(f"plot: {plot_rewards(rollouts, target)}"))
+
+
 def config_names(builder: type[TaskBuilder], config: str | None) -> list[str]:
     """The configs a command acts on: the first by default, every one for 'all'; unknown names are refused."""
     known = builder.config_names()

@@ -130,3 +130,13 @@ def with_progress(console: Console, names: list[str], work: Callable[[str], Iter
                 results.append(failed(name, "load", exc, started))
             progress.update(bar, completed=done * steps)
     return results
+
+
+def frame_table(frame, title: str) -> Table:
+    """A polars DataFrame as a rich table: floats to 3 decimals, rates as they are."""
+    table = Table(title=title, box=box.SIMPLE_HEAVY)
+    for name in frame.columns:
+        table.add_column(name, justify="left" if name == "env" else "right")
+    for row in frame.iter_rows():
+        table.add_row(*(Text(f"{v:.3f}" if isinstance(v, float) else str(v)) for v in row))
+    return table

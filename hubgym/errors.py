@@ -102,3 +102,15 @@ class HubAuthError(HubgymError, PermissionError):
 
 class HubConnectionError(HubgymError, ConnectionError):
     """The hub could not be reached, or kept dropping the connection, after retries."""
+
+
+class EngineError(HubgymError, RuntimeError):
+    """The engine failed for every request (unreachable server, dead engine): the run stops, resumable."""
+
+
+class RequestError(HubgymError, RuntimeError):
+    """One generation request failed (e.g. the prompt is too long); recorded on its rows, the run goes on."""
+
+
+class NoShardsError(HubgymError, FileNotFoundError):
+    """No rollout shards where some were expected."""

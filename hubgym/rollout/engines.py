@@ -17,6 +17,7 @@ import asyncio
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
+from hubgym.errors import EngineError, RequestError
 from hubgym.schemas.messages import Message, ToolCall
 
 
@@ -53,14 +54,6 @@ class Sample:
     finish_reason: str  # "stop" | "length" | "tool_calls" | ...
     prompt_ids: list[int] = field(default_factory=list)  # as the engine saw it (chat mode: the server's rendering)
     tool_calls: list[ToolCall] | None = None  # native tool calls (chat mode only)
-
-
-class EngineError(RuntimeError):
-    """The engine failed for every request (unreachable server, dead engine): the run stops, resumable."""
-
-
-class RequestError(RuntimeError):
-    """One request failed (e.g. the prompt is too long); recorded on its rows, the run goes on."""
 
 
 class Engine(Protocol):
@@ -104,27 +97,51 @@ class VLLMEngine:
     async def _flush(self) -> None:
         """Let every ready trajectory enqueue, then run the whole queue as one batch; repeat."""
         while self._queue:
-            quiet = 0
-            while quiet < 3:  # until 3 event-loop rounds add no request: every ready trajectory is in
-                size = len(self._queue)
+            for _ in range(3):
                 await asyncio.sleep(0)
-                quiet = quiet + 1 if len(self._queue) == size else 0
             batch, self._queue = self._queue, []
             try:
-                outputs = await asyncio.to_thread(self._generate_batch, [(r, s) for r, s, _ in batch])
+                results = await asyncio.to_thread(self._generate_isolated, [(r, s) for r, s, _ in batch])
             except Exception as exc:  # the engine itself failed: every waiting trajectory learns it
                 for _, _, future in batch:
                     future.set_exception(EngineError(f"vLLM generate failed: {type(exc).__name__}: {exc}"))
                 continue
-            for (_, _, future), samples in zip(batch, outputs):
-                future.set_result(samples)
+            for (_, _, future), result in zip(batch, results):
+                if isinstance(result, RequestError):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
 
-    def _generate_batch(self, batch: list[tuple[Request, SamplingArgs]]) -> list[list[Sample]]:
+    def _generate_isolated(self, batch: list[tuple[Request, SamplingArgs]]) -> list[list[Sample] | RequestError]:
+        """One batched call. vLLM refuses a whole batch when it refuses one request in it (too long, a token
+        out of vocabulary, a bad constraint), so the batch is then re-run one request at a time: only the bad
+        request fails, with a RequestError; an engine that is down still raises."""
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            return self._generate_batch(batch)
+        except VLLMClientError as exc:
+            if len(batch) == 1:
+                return [RequestError(f"vLLM refused the request: {exc}")]
+        results: list[list[Sample] | RequestError] = []
+        for item in batch:
+            try:
+                results += self._generate_batch([item])
+            except VLLMClientError as exc:
+                results.append(RequestError(f"vLLM refused the request: {exc}"))
+        return results
+
+    def sampling_params(self, request: Request, sampling: SamplingArgs) -> Any:
+        """The vLLM `SamplingParams` of one request. A subclass may add constraints here (e.g.
+        `structured_outputs` to force a format); logprobs=0 returns the sampled token's logprob."""
         from vllm import SamplingParams
 
+        return SamplingParams(n=request.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                              max_tokens=request.max_tokens, seed=request.seed, logprobs=0)
+
+    def _generate_batch(self, batch: list[tuple[Request, SamplingArgs]]) -> list[list[Sample]]:
         prompts = [{"prompt_token_ids": r.ids} for r, _ in batch]
-        params = [SamplingParams(n=r.n, temperature=s.temperature, top_p=s.top_p, max_tokens=r.max_tokens,
-                                 seed=r.seed, logprobs=0) for r, s in batch]
+        params = [self.sampling_params(r, s) for r, s in batch]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
         return [[_sample_from_vllm(c, out.prompt_token_ids) for c in out.outputs] for out in outputs]
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import polars as pl
 
+from hubgym.errors import NoShardsError
+
 SUMMARY_COLUMNS = ["env", "rollouts", "groups", "k", "mean_reward", "pass@1", "pass@k", "mean_turns",
                    "truncated", "tool_calls", "tool_errors", "errors", "empty", "tokens"]
 
@@ -22,7 +24,8 @@ def shard_files(sources: list[str | Path]) -> list[Path]:
         found = [source] if source.is_file() else sorted(source.rglob("*.arrow"))
         files += [f for f in found if not f.name.startswith(".")]
     if not files:
-        raise FileNotFoundError(f"no rollout shards (*.arrow) under {', '.join(map(str, sources))}")
+        raise NoShardsError(f"no rollout shards (*.arrow) under {', '.join(map(str, sources))}; "
+                            f"give a run folder written by `hubgym rollout` or its shard files")
     return files
 
 

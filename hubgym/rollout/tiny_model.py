@@ -11,6 +11,7 @@ kernels of vLLM need head_dim in {32, 64, 80, ...}). Same seed => byte-identical
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,6 +93,12 @@ def make_tiny_model(out_dir: str | Path, config: TinyModelConfig = TinyModelConf
     tokenizer.save_pretrained(out)
     marker.write_text(json.dumps(config.__dict__))  # written last: its presence means the folder is complete
     return out
+
+
+def default_tiny_model() -> Path:
+    """The tiny model in the user cache (`$HUBGYM_CACHE`, default ~/.cache/hubgym), made on first use."""
+    cache = Path(os.environ.get("HUBGYM_CACHE", Path.home() / ".cache" / "hubgym"))
+    return make_tiny_model(cache / "tiny-model")
 
 
 if __name__ == "__main__":
