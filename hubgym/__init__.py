@@ -33,6 +33,10 @@ _EXPORTS: dict[str, str] = {
     "make_toolbox": "hubgym.tools",
     # conformance
     "check_env": "hubgym.conformance",
+    # hub
+    "load_env": "hubgym.hub", "push_env": "hubgym.hub",
+    # rollout
+    "RolloutConfig": "hubgym.rollout", "run_rollouts": "hubgym.rollout",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -127,7 +127,8 @@ class HubStore:
         refs = self.refs(repo_type, repo_id)
         if revision in refs:
             return refs[revision]
-        if re.fullmatch(r"[0-9a-f]{40}", revision) and (self.repo_dir(repo_type, repo_id) / "commits" / f"{revision}.json").is_file():
+        commit_file = self.repo_dir(repo_type, repo_id) / "commits" / f"{revision}.json"
+        if re.fullmatch(r"[0-9a-f]{40}", revision) and commit_file.is_file():
             return revision
         raise HttpError(404, f"Invalid rev id: {revision}", "RevisionNotFound")
 
@@ -239,19 +240,20 @@ class HubServer:
     def __post_init__(self):
         self.store = HubStore(self.root)
         self.upload_key = hashlib.sha256(os.urandom(16)).hexdigest()[:16]
-        self._httpd: ThreadingHTTPServer | None = None
+        self._httpd: _TrackingServer | None = None
 
     def start(self) -> "HubServer":
         handler = type("BoundHandler", (HubHandler,), {"hub": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, daemon=True).start()
+        self._httpd = _TrackingServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
         return self
 
     def stop(self) -> None:
+        """Stop listening and cut every open (keep-alive) connection: the hub is gone, as if unplugged."""
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
+            self._httpd.close_all()
 
     @property
     def url(self) -> str:
@@ -275,6 +277,31 @@ class HubServer:
 
     def count(self, method: str, pattern: str) -> int:
         return sum(1 for m, p in self.requests if m == method and re.search(pattern, p))
+
+
+class _TrackingServer(ThreadingHTTPServer):
+    """A threaded HTTP server that remembers its open connections, so `stop` can cut them."""
+
+    daemon_threads = True
+
+    def __init__(self, *args: Any):
+        super().__init__(*args)
+        self.connections: set[socket.socket] = set()
+
+    def process_request(self, request, client_address):
+        self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        self.connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_all(self) -> None:
+        for connection in list(self.connections):
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class Drop(Exception):
@@ -389,7 +416,8 @@ class HubHandler(BaseHTTPRequestHandler):
             return self._api_repo(method, REPO_TYPES[s[1]], f"{s[2]}/{s[3]}", s[4:])
         if s[:1] == ["lfs-upload"] and method == "PUT":
             return self._lfs_put(s[1])
-        repo_type, rest = ("dataset", s[1:]) if s[:1] == ["datasets"] else ("space", s[1:]) if s[:1] == ["spaces"] else ("model", s)
+        prefix = {"datasets": "dataset", "spaces": "space"}.get(s[0] if s else "")
+        repo_type, rest = (prefix, s[1:]) if prefix else ("model", s)
         if len(rest) >= 5 and rest[1].endswith(".git") and rest[2:] == ["info", "lfs", "objects", "batch"]:
             return self._lfs_batch(repo_type, f"{rest[0]}/{rest[1][:-4]}")
         if len(rest) >= 5 and rest[2] == "resolve" and method in ("GET", "HEAD"):
@@ -407,8 +435,8 @@ class HubHandler(BaseHTTPRequestHandler):
             refs = store.refs(repo_type, repo_id) if store.exists(repo_type, repo_id) else None
             if refs is None:
                 raise HttpError(404, f"Repository {repo_id} not found", "RepoNotFound")
-            return self._json({"branches": [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": c} for b, c in refs.items()],
-                               "tags": [], "converts": []})
+            branches = [{"name": b, "ref": f"refs/heads/{b}", "targetCommit": c} for b, c in refs.items()]
+            return self._json({"branches": branches, "tags": [], "converts": []})
         sha = store.resolve(repo_type, repo_id, rev)
         if action == "tree" and method == "GET":
             recursive = self.query.get("recursive", ["false"])[0].lower() == "true"
@@ -418,8 +446,8 @@ class HubHandler(BaseHTTPRequestHandler):
         if action == "preupload" and method == "POST":
             return self._preupload(store.tree(repo_type, repo_id, sha))
         if action == "commits" and method == "GET":
-            return self._json([{"id": c, "title": r["summary"], "message": r["description"], "authors": [{"user": "tester"}],
-                                "date": r["date"]} for c, r in store.history(repo_type, repo_id, sha)])
+            return self._json([{"id": c, "title": r["summary"], "message": r["description"], "date": r["date"],
+                                "authors": [{"user": "tester"}]} for c, r in store.history(repo_type, repo_id, sha)])
         if action == "commit" and method == "POST":
             return self._commit(repo_type, repo_id, rev)
         raise HttpError(404, f"no route for {method} {self.path}")
@@ -431,8 +459,8 @@ class HubHandler(BaseHTTPRequestHandler):
         repo_type = body.get("type") or "model"
         repo_id = f"{body['organization']}/{body['name']}" if body.get("organization") else f"tester/{body['name']}"
         url = f"{self.hub.url}/{URL_PREFIX[repo_type]}{repo_id}"
-        if not self.hub.store.create(repo_type, repo_id):
-            raise HttpError(409, "You already created this dataset repo")
+        if not self.hub.store.create(repo_type, repo_id):  # the Hub names the existing repo in its 409
+            return self._json({"error": "You already created this dataset repo", "url": url}, 409)
         self._json({"url": url, "name": repo_id})
 
     def _info(self, repo_type: str, repo_id: str, rev: str) -> None:
@@ -440,9 +468,10 @@ class HubHandler(BaseHTTPRequestHandler):
         sha = store.resolve(repo_type, repo_id, rev)
         record = store.load_commit(repo_type, repo_id, sha)
         siblings = [{"rfilename": p, "size": e["size"]} for p, e in sorted(record["tree"].items())]
-        self._json({"_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id, "author": repo_id.split("/")[0],
-                    "sha": sha, "lastModified": record["date"], "createdAt": record["date"], "private": False,
-                    "gated": False, "disabled": False, "downloads": 0, "likes": 0, "tags": [], "siblings": siblings})
+        self._json({"_id": hashlib.sha1(repo_id.encode()).hexdigest()[:24], "id": repo_id,
+                    "author": repo_id.split("/")[0], "sha": sha, "lastModified": record["date"],
+                    "createdAt": record["date"], "private": False, "gated": False, "disabled": False, "downloads": 0,
+                    "likes": 0, "tags": [], "siblings": siblings})
 
     def _paths_info(self, tree: dict[str, dict]) -> None:
         body = self._read_body().decode()
@@ -466,7 +495,8 @@ class HubHandler(BaseHTTPRequestHandler):
             lfs = f["path"].endswith(LFS_SUFFIXES) or f["size"] > 10 * 2**20
             old = tree.get(f["path"])
             oid = None if old is None else (old["sha256"] if old["lfs"] else old["oid"])
-            files.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False, "oid": oid})
+            files.append({"path": f["path"], "uploadMode": "lfs" if lfs else "regular", "shouldIgnore": False,
+                          "oid": oid})
         self._json({"files": files, "commitOid": None})
 
     def _lfs_batch(self, repo_type: str, repo_id: str) -> None:
@@ -575,11 +605,9 @@ def hub_client(hub_server, monkeypatch, tmp_path):
     from huggingface_hub import constants
 
     url = hub_server.url
-    for key, value in {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1",
-                       "HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}.items():
+    for key, value in {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-stored-token"))
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-stored-token"))
     monkeypatch.setattr(constants, "ENDPOINT", url)
     monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", url + "/{repo_id}/resolve/{revision}/{filename}")

@@ -90,7 +90,7 @@ class HubBackend(ABC):
         return repo
 
     def stream_urls(self, snapshot: Snapshot, paths: list[str]) -> tuple[list[str], dict]:
-        """Where `datasets` can stream these files of a revision from, and the fsspec options to open them.
+        """Where `datasets` can stream these files of a revision from, and the load_dataset arguments to open them.
 
         Default: the files of the local snapshot. Backends that download override it to read
         remotely (pinned to the revision) without downloading whole files.
@@ -108,6 +108,7 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
 
 
 def check_repo_id(repo: str) -> str:
+    """Reject a malformed id before any request or folder is made from it (it becomes a URL path and a folder)."""
     if not _REPO_ID.match(repo):
         raise EnvNotFoundError(f"{repo!r} is not a hub repo id; write org/name (letters, digits, '-', '_', '.'), "
                                f"optionally @revision")

@@ -56,7 +56,7 @@ def _summary(manifest: dict) -> str:
 
 def _rewards(manifest: dict) -> str:
     v = manifest["verifier"]
-    lines = [f"| `{name}` | {weight} |" + (" metric (not in the reward)" if weight == 0 else "")
+    lines = [f"| `{name}` | {weight}{' (a metric: not in the reward)' if weight == 0 else ''} |"
              for name, weight in v["rewards"].items()]
     extra = []
     if v["multi_turn"]:
@@ -66,7 +66,7 @@ def _rewards(manifest: dict) -> str:
         extra.append(f"successful calls to {shaped} earn the per-call rewards of `interaction.tool_rewards` "
                      f"(component `tool_calls`)")
     tail = "".join(f"\nPlus: {e}." for e in extra)
-    return f"## Reward\n\nThe total reward is the weighted sum of:\n\n| component | weight |\n|---|---|\n" \
+    return "## Reward\n\nThe total reward is the weighted sum of:\n\n| component | weight |\n|---|---|\n" \
            + "\n".join(lines) + f"\n{tail}\n"
 
 

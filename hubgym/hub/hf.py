@@ -43,8 +43,8 @@ class HfHub(HubBackend):
 
     name = "hf"
 
-    def __init__(self, endpoint: str | None = None, token: str | None = None, *, cache_dir: str | os.PathLike | None = None,
-                 retries: int = 3, backoff_s: float = 1.0):
+    def __init__(self, endpoint: str | None = None, token: str | None = None, *,
+                 cache_dir: str | os.PathLike | None = None, retries: int = 3, backoff_s: float = 1.0):
         self.endpoint = (endpoint or os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
         self._token = token
         self.cache_dir = str(cache_dir) if cache_dir is not None else None
@@ -105,9 +105,10 @@ class HfHub(HubBackend):
                           f"look up {repo}@{revision}", repo)
 
     def stream_urls(self, snapshot: Snapshot, paths: list[str]) -> tuple[list[str], dict]:
-        """Pinned `hf://` URLs (read in ranges, never downloaded whole) and the fsspec options to open them."""
+        """Pinned `hf://` URLs (read in ranges, never downloaded whole) and the load_dataset arguments to open them."""
         urls = [f"hf://datasets/{snapshot.repo}@{snapshot.revision}/{p}" for p in paths]
-        return urls, {"hf": {"endpoint": self.endpoint, "token": self.token or False}}
+        token = self.token or False  # load_dataset puts its own `token` into the hf options: pass it both ways
+        return urls, {"token": token, "storage_options": {"hf": {"endpoint": self.endpoint, "token": token}}}
 
     # -- internals --------------------------------------------------------------------------
 
@@ -123,7 +124,8 @@ class HfHub(HubBackend):
         info = api.create_commit(repo, operations, commit_message=message, repo_type=REPO_TYPE, parent_commit=head)
         return info.oid
 
-    def _call(self, fn: Callable[[], T], what: str, repo: str, revision: str | None = None, *, write: bool = False) -> T:
+    def _call(self, fn: Callable[[], T], what: str, repo: str, revision: str | None = None, *,
+              write: bool = False) -> T:
         """Run one client call: retry transient failures (writes only), turn the rest into hubgym errors."""
         attempt = 1
         while True:
@@ -141,7 +143,7 @@ class HfHub(HubBackend):
         if isinstance(exc, RevisionNotFoundError):
             return not_found(self, repo, revision)
         if isinstance(exc, LocalTokenNotFoundError) or (status in (401, 403) and (write or self.token)):
-            return HubAuthError(self._auth_message(what, status))
+            return HubAuthError(self._auth_message(what, status, write))
         if isinstance(exc, RepositoryNotFoundError) or status == 404:
             error = not_found(self, repo)
             if status == 401:
@@ -152,18 +154,23 @@ class HfHub(HubBackend):
                                       f"(HUBGYM_HUB=<folder>)")
         if _transient(exc) or isinstance(exc, (LocalEntryNotFoundError, httpx2.TransportError, ConnectionError)):
             tries = f" after {attempts} attempts" if attempts > 1 else ""
-            return HubConnectionError(f"cannot {what} at {self.endpoint}{tries}: {self._redact(_reason(exc))}. "
-                                      f"The repo's previous revision is unchanged; check the network and push again")
-        return type(exc)(self._redact(str(exc))) if _rebuildable(exc) else exc
+            advice = ("The repo's previous revision is unchanged; check the network and push again" if write else
+                      "Check the network and HF_ENDPOINT, or load a revision you already have through the local hub")
+            reason = self._redact(_reason(exc))
+            return HubConnectionError(f"cannot {what} at {self.endpoint}{tries}: {reason}. {advice}")
+        token = self.token
+        if token and token in str(exc):  # never seen from huggingface_hub, but a message must not carry the token
+            return (type(exc) if _rebuildable(exc) else RuntimeError)(self._redact(str(exc)))
+        return exc
 
-    def _auth_message(self, what: str, status: int | None) -> str:
-        source = self._token_source()
+    def _auth_message(self, what: str, status: int | None, write: bool) -> str:
+        source, access = self._token_source(), "write access" if write else "read access to the repo"
         code = f" ({status})" if status else ""
         if source is None:
             return (f"cannot {what}: the hub at {self.endpoint} needs credentials{code} and none were found. "
-                    f"Set HF_TOKEN to a token with write access, or run `hf auth login`")
+                    f"Set HF_TOKEN to a token with {access}, or run `hf auth login`")
         return (f"cannot {what}: the hub at {self.endpoint} refused the token from {source}{code}. Check that it is "
-                f"valid and has write access to the repo's namespace (the token is not shown)")
+                f"valid and has {access} (the token is not shown)")
 
     def _redact(self, text: str) -> str:
         token = self.token
@@ -200,4 +207,4 @@ def _reason(exc: BaseException) -> str:
 
 def _rebuildable(exc: Exception) -> bool:
     """Whether `type(exc)(message)` rebuilds it (so a redacted copy can be raised in its place)."""
-    return type(exc) in (ValueError, RuntimeError, OSError, KeyError, TypeError)
+    return type(exc) in (ValueError, RuntimeError, OSError, TypeError)

@@ -41,7 +41,7 @@ def data_path(config: str, split: str, shard: int, shards: int) -> str:
 
 
 def dumps(manifest: dict) -> bytes:
-    return (json.dumps(manifest, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    return (json.dumps(manifest, indent=2, ensure_ascii=False) + "\n").encode()  # insertion order: splits as built
 
 
 def read_manifest(folder: Path, ref: str) -> dict[str, Any]:

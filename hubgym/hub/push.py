@@ -11,6 +11,7 @@ The new revision holds exactly this push (files of earlier pushes that are gone 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -77,20 +78,29 @@ def push_env(env: str | type[TaskBuilder], repo: str, *, hub: HubBackend | str |
         raise EnvContractError(f"{cls.ENV} has no config {unknown[0]!r}", Where(cls.ENV, unknown[0]),
                                f"choose among {', '.join(cls.config_names())}")
     with tempfile.TemporaryDirectory(prefix="hubgym-push-") as tmp:
-        built = {name: _materialize(cls, name, dict(overrides or {}), Path(tmp)) for name in names}
-        verifier = cls.verifier()
-        files: dict[str, FileSource] = {p: f for b in built.values() for p, f in b.files.items()}
-        files[VERIFIER_FILE] = verifier.source_path.read_bytes()
-        golden = cls.source_dir() / cls.GOLDEN
-        if golden.is_file():
-            files[GOLDEN_FILE] = golden.read_bytes()
-        manifest = _manifest(cls, verifier, built, golden.is_file())
-        files[MANIFEST_FILE] = dumps(manifest)
-        first = built[names[0]].first
-        files[CARD_FILE] = render_card(manifest, repo, first, cls.__doc__).encode()
+        files, manifest = stage_env(cls, repo, names, dict(overrides or {}), Path(tmp))
         backend.create_repo(repo)
         revision = backend.commit(repo, files, message or f"Push {cls.env_id()} ({', '.join(names)})", replace=True)
     return PushResult(repo, revision, backend.location(repo), sorted(files), manifest)
+
+
+def stage_env(cls: type[TaskBuilder], repo: str, names: list[str], overrides: dict,
+              tmp: Path) -> tuple[dict[str, FileSource], dict]:
+    """Every file of the env repo ({repo path: local file or bytes}) and its manifest, built under `tmp`."""
+    built = {name: _materialize(cls, name, overrides, tmp) for name in names}
+    verifier = cls.verifier()
+    files: dict[str, FileSource] = {p: f for b in built.values() for p, f in b.files.items()}
+    files[VERIFIER_FILE] = source = verifier.source_path.read_bytes()
+    if hashlib.sha256(source).hexdigest() != verifier.sha256:
+        raise EnvContractError(f"{verifier.source_path.name} changed on disk since it was imported",
+                               Where(cls.ENV, field="VERIFIER"), "push from a fresh process")
+    golden = cls.source_dir() / cls.GOLDEN
+    if golden.is_file():
+        files[GOLDEN_FILE] = golden.read_bytes()
+    manifest = _manifest(cls, verifier, built, golden.is_file())
+    files[MANIFEST_FILE] = dumps(manifest)
+    files[CARD_FILE] = render_card(manifest, repo, built[names[0]].first, cls.__doc__).encode()
+    return files, manifest
 
 
 def _materialize(cls: type[TaskBuilder], name: str, overrides: dict, tmp: Path) -> _Built:
@@ -107,16 +117,18 @@ def _materialize(cls: type[TaskBuilder], name: str, overrides: dict, tmp: Path) 
     kinds, tools, shaped = set(), set(), set()
     for split, info in builder.info.splits.items():
         shards = sorted(out.glob(f"{cls.ENV}-{split}.parquet")) or sorted(out.glob(f"{cls.ENV}-{split}-*-of-*.parquet"))
+        if not shards:
+            raise EnvContractError(f"split {split!r} has no rows to push", Where(cls.ENV, name, split),
+                                   "give every split in `sizes` at least one task, or leave the split out")
         paths = [data_path(name, split, i, len(shards)) for i in range(len(shards))]
-        files.update(zip(paths, shards))
+        files.update(zip(paths, shards, strict=True))
         splits[split] = {"num_rows": info.num_examples, "files": paths}
         for shard in shards:
             spec = pq.read_table(shard, columns=["interaction"]).column("interaction").combine_chunks()
             kinds |= _unique(spec.field("kind"))
             tools |= _unique(pc.list_flatten(spec.field("tools")))
             shaped |= _unique(pc.struct_field(pc.list_flatten(spec.field("tool_rewards")), "tool"))
-        if first is None and shards:
-            first = _first_row(shards[0])
+        first = first or _first_row(shards[0])
     params = {f.name: _jsonable(getattr(builder.config, f.name)) for f in fields(builder.config)
               if f.name not in _BASE_CONFIG_FIELDS}
     return _Built(files, {"params": params, "kinds": sorted(kinds), "splits": splits}, tools, shaped, first)
