@@ -214,6 +214,25 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
     _console().print(Text(f"plot: {plot_rewards(rollouts, target)}"))
 
 
+@app.command()
+@user_errors
+def push(env: Annotated[str, typer.Argument(help="env name, versioned id, or path to an env folder")],
+         repo: Annotated[str, typer.Argument(help="dataset repo id, e.g. my-org/arithmetic")],
+         config: Annotated[Optional[list[str]], typer.Option(help="configs to push (repeatable) [default: all]")]
+         = None,
+         hub: Annotated[Optional[str], typer.Option(help="'hf' (the Hub at HF_ENDPOINT), a Hub-API URL, or a local "
+                                                    "hub folder [default: $HUBGYM_HUB, else ~/.cache/hubgym/hub]")]
+         = None) -> None:
+    """Push an env (data files, dataset card, verifier, manifest) to a hub repo as one new revision."""
+    from hubgym.hub import push_env
+
+    with _console().status(f"building and pushing {env} to {repo}"):
+        result = push_env(env, repo, hub=hub, configs=config)
+    sha = result.manifest.get("verifier", {}).get("sha256", "")
+    _console().print(Text(f"pushed {len(result.files)} files to {result.location} at revision {result.revision}"))
+    _console().print(Text(f"load it with: hubgym.load_env({result.ref!r}, pin='sha256:{sha}')"))
+
+
 def config_names(builder: type[TaskBuilder], config: str | None) -> list[str]:
     """The configs a command acts on: the first by default, every one for 'all'; unknown names are refused."""
     known = builder.config_names()
