@@ -214,19 +214,29 @@ class OpenAIEngine:
                                   f"retries ({type(exc).__name__}: {str(exc)[:500]}); check the server is up and "
                                   f"serves model {self.model!r}, then re-run to resume") from exc
             except self._refused as exc:
-                raise RequestError(f"server at {self.base_url} refused the request: "
-                                   f"{exc.status_code} {str(exc)[:1000]}") from exc
+                raise RequestError(f"server at {self.base_url} refused the request: {str(exc)[:1000]}") from exc
 
     def _body(self, request: Request, sampling: SamplingArgs) -> dict[str, Any]:
-        extra = {**self.extra_body, "return_token_ids": True}
+        body = {**self.extra_body, "model": self.model, "n": request.n, "max_tokens": request.max_tokens,
+                "seed": request.seed, "temperature": sampling.temperature, "top_p": sampling.top_p,
+                "return_token_ids": True}
         if self.mode == "chat_tokens":
-            extra["kv_transfer_params"] = {**extra.get("kv_transfer_params", {}), "prompt_token_ids": list(request.ids)}
-        return {"model": self.model, "n": request.n, "max_tokens": request.max_tokens, "seed": request.seed,
-                "temperature": sampling.temperature, "top_p": sampling.top_p, "extra_body": extra}
+            body["kv_transfer_params"] = {**body.get("kv_transfer_params", {}), "prompt_token_ids": list(request.ids)}
+        return body
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST through the client (retries, backoff, typed errors) without its request-typing pass, which
+        walks a token-id prompt element by element, and without building response models: plain JSON."""
+        resp = await self.client.post(path, body=body, cast_to=object)
+        if not isinstance(resp, dict) or not isinstance(resp.get("choices"), list):
+            raise EngineError(f"the server at {self.base_url} answered {path} with no 'choices': {str(resp)[:300]}")
+        resp["choices"].sort(key=lambda c: c.get("index") or 0)
+        return resp
 
     async def _tokens(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
-        resp = await self.client.completions.create(prompt=list(request.ids), logprobs=0, **self._body(request, sampling))
-        choices = sorted(resp.model_dump()["choices"], key=lambda c: c.get("index") or 0)
+        resp = await self._post("/completions", {**self._body(request, sampling), "prompt": list(request.ids),
+                                                 "logprobs": 0})
+        choices = resp["choices"]
         if any(c.get("token_ids") is None for c in choices):
             raise EngineError(f"the server at {self.base_url} returned no token ids; mode 'tokens' needs a vLLM "
                               f"server (request field return_token_ids); use mode 'chat' for other servers")
@@ -237,17 +247,15 @@ class OpenAIEngine:
     async def _chat(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
         from hubgym.schemas.messages import from_openai, to_openai
 
-        body = self._body(request, sampling)
+        body = {**self._body(request, sampling), "messages": [to_openai(m) for m in request.messages], "logprobs": True}
         if request.tools:
             body["tools"] = request.tools
-        resp = (await self.client.chat.completions.create(
-            messages=[to_openai(m) for m in request.messages], logprobs=True, **body)).model_dump()
+        resp = await self._post("/chat/completions", body)
         prompt_ids = list(resp.get("prompt_token_ids") or [])
         if self.mode == "chat_tokens" and prompt_ids != list(request.ids):
             raise EngineError(f"the server at {self.base_url} did not take the prompt from "
                               f"kv_transfer_params.prompt_token_ids (a vLLM server >= 0.32 does); use mode 'tokens'")
-        return [self._chat_sample(c, prompt_ids, from_openai)
-                for c in sorted(resp["choices"], key=lambda c: c.get("index") or 0)]
+        return [self._chat_sample(c, prompt_ids, from_openai) for c in resp["choices"]]
 
     def _chat_sample(self, choice: dict, prompt_ids: list[int], from_openai: Any) -> Sample:
         message = from_openai({**choice["message"], "role": "assistant"})

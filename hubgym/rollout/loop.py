@@ -54,6 +54,7 @@ class LoopContext:
     renderer: ChatRenderer | None  # None only for chat-mode engines without a local tokenizer
     sampling: SamplingArgs
     verifier: Verifier
+    max_model_len: int | None = None  # the run's context limit (tokens); the engine's own limit applies too
 
 
 def request_seed(base: int, task_id: str, sample: int, turn: int) -> int:
@@ -64,14 +65,21 @@ def request_seed(base: int, task_id: str, sample: int, turn: int) -> int:
 async def run_group(task: Task, n: int, ctx: LoopContext) -> list[Trajectory]:
     """Sample `n` trajectories for one task (one GRPO group)."""
     spec = task["interaction"]
-    state, prompt = None, list(task["prompt"])
+    state, prompt, failed = None, list(task["prompt"]), None
     if spec["kind"] == "multi_turn":
-        state, observation = ctx.verifier.reset(task)
-        prompt += [user(observation)] if observation else []
+        try:
+            state, observation = ctx.verifier.reset(task)
+            prompt += [user(observation)] if observation else []
+        except Exception as exc:  # the env failed before any generation: recorded on every row of the group
+            failed = {"boundary": "env", "type": type(exc).__name__, "message": str(exc)[:2000]}
     toolboxes = [make_toolbox(spec["tools"], task) if spec["tools"] else None for _ in range(n)]
     tools = toolboxes[0].schemas() if toolboxes[0] else None
     prompt_ids = ctx.renderer.prompt_ids(prompt, tools) if ctx.engine.token_in else []
     trajs = [Trajectory(task, i, prompt, TokenRecord(list(prompt_ids)), toolboxes[i], state) for i in range(n)]
+    if failed:
+        for t in trajs:
+            t.done, t.finish_reason, t.error = True, "error", failed
+        return trajs
     first = await _generate(trajs[0], ctx, tools, n, trajs)
     await asyncio.gather(*(_continue(t, s, ctx, tools) for t, s in zip(trajs, first)))
     return trajs
@@ -86,8 +94,10 @@ async def _continue(traj: Trajectory, sample: Sample | None, ctx: LoopContext, t
 async def _generate(traj: Trajectory, ctx: LoopContext, tools, n: int, group: list[Trajectory]) -> list[Sample | None]:
     """One request; on a request-level failure every trajectory in `group` records it and stops."""
     spec = traj.task["interaction"]
-    room = ctx.engine.max_model_len - len(traj.tokens.sequence())
-    budget = min(spec["max_tokens"] or ctx.sampling.max_tokens, room)
+    limit = min(ctx.engine.max_model_len, ctx.max_model_len or ctx.engine.max_model_len)
+    room = limit - len(traj.tokens.sequence())
+    wanted = spec["max_tokens"] or ctx.sampling.max_tokens
+    budget = min(wanted, room)
     if budget <= 0:
         for t in group:
             t.done, t.truncated, t.finish_reason = True, True, "context_length"
@@ -104,6 +114,9 @@ async def _generate(traj: Trajectory, ctx: LoopContext, tools, n: int, group: li
         return [None] * n
     for t in group:
         t.generate_s += time.perf_counter() - started
+    if budget < wanted:  # the context, not max_tokens, bounded this turn: say which limit cut it
+        for s in samples:
+            s.finish_reason = "context_length" if s.finish_reason == "length" else s.finish_reason
     return samples
 
 
@@ -115,7 +128,7 @@ async def _take_turn(traj: Trajectory, sample: Sample, ctx: LoopContext, tools: 
     traj.num_turns += 1
     traj.finish_reason = sample.finish_reason
     new: list[Message] = []
-    if sample.finish_reason == "length":
+    if sample.finish_reason in ("length", "context_length"):
         traj.done = traj.truncated = True
     elif calls:
         new = await _run_tools(traj, calls)

@@ -183,7 +183,7 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
     started = time.perf_counter()
     stats = {"written": 0, "tokens": 0}
     try:
-        asyncio.run(_generate_all(todo, config, engine, renderer, run_id, writer, stats, progress))
+        asyncio.run(_generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs))
     finally:
         writer.flush()
         writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
@@ -191,7 +191,7 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                       time.perf_counter() - started, stats["tokens"])
 
 
-async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress) -> None:
+async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs) -> None:
     from hubgym.rollout.progress import RolloutProgress
 
     pending = iter(todo)
@@ -200,10 +200,11 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
             # A bounded pool: `concurrency` workers pull groups one at a time, so only that many groups
             # (coroutines, trajectories, rows) exist at once, whatever the number of tasks.
             for env, task in pending:
-                ctx = LoopContext(engine, renderer, config.sampling, env.verifier)
+                ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
                 trajs = await run_group(task, config.n, ctx)
                 rows = [to_row(t, env.verifier, run_id, config, engine, renderer) for t in trajs]
-                writer.add_group(rows)
+                if writer.add_group(rows):  # a shard was written: the manifest lists it at once
+                    writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
                 tokens = sum(sum(r["completion_mask"]) for r in rows)
                 stats["written"] += len(rows)
                 stats["tokens"] += tokens

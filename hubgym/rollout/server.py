@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
-from hubgym.rollout.engines import EngineError
+from hubgym.errors import EngineError
 
 
 def free_port() -> int:
@@ -39,11 +39,11 @@ class VLLMServer:
 
     def __init__(self, model: str | Path, *, port: int | None = None, host: str = "127.0.0.1",
                  max_model_len: int = 2048, dtype: str = "float32", tool_parser: str | None = "hermes",
-                 chunked_prefill: bool = False, log_path: str | Path | None = None, startup_timeout_s: float = 300.0,
+                 chunked_prefill: bool = False, enforce_eager: bool = False, log_path: str | Path | None = None, startup_timeout_s: float = 300.0,
                  extra_args: list[str] | None = None, env: dict[str, str] | None = None):
         self.model, self.host, self.port = str(model), host, port or free_port()
         self.max_model_len, self.dtype, self.tool_parser = max_model_len, dtype, tool_parser
-        self.chunked_prefill = chunked_prefill
+        self.chunked_prefill, self.enforce_eager = chunked_prefill, enforce_eager
         self.log_path = Path(log_path) if log_path else Path(f"vllm-server-{self.port}.log")
         self.startup_timeout_s, self.extra_args, self.env = startup_timeout_s, list(extra_args or []), env or {}
         self.process: subprocess.Popen | None = None
@@ -62,6 +62,8 @@ class VLLMServer:
             # vLLM's CPU sampler cannot rewind a per-request seeded generator after a partial (chunked)
             # prefill ('CPU Generator does not use offset' kills the engine); prompts are prefilled whole.
             cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(8192, self.max_model_len))]
+        if self.enforce_eager:  # no torch.compile: starts much faster, decodes somewhat slower
+            cmd.append("--enforce-eager")
         if self.tool_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
         return cmd + self.extra_args

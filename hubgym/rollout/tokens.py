@@ -77,15 +77,33 @@ class ChatRenderer:
         """
         before = self.render(history + [reply], tools, add_generation_prompt=False)
         after = self.render(history + [reply] + new, tools, add_generation_prompt=True)
-        problem = None
-        if not after.startswith(before):
-            common = _common_prefix(before, after)
-            problem = f"chat template is not prefix-consistent: earlier turns render differently at char {common}"
-            before = before[:common]
         closing = self.turn_closing
         if ended_with_eos and self.eos_text and closing.startswith(self.eos_text):
             closing = closing[len(self.eos_text):]  # the model already sampled the end-of-turn token
-        return self.encode(closing + after[len(before):]), problem
+        if after.startswith(before):
+            return self.encode(closing + after[len(before):]), None
+        common = _common_prefix(before, after)
+        problem = f"chat template is not prefix-consistent: earlier turns render differently at char {common}"
+        return self.encode(closing + self._new_turns(history, reply, new, tools, after, common)), problem
+
+    def _new_turns(self, history: list[Message], reply: Message, new: list[Message], tools: list[dict] | None,
+                   after: str, common: int) -> str:
+        """The text `after` spends on the new messages alone, for templates that rewrite earlier turns.
+
+        The stored tokens keep what the model really sampled; only the new turns are appended, never
+        a second, rewritten copy of the history. They start after the last turn closing before the
+        first new message's content (found with a marker in that content).
+        """
+        if new and new[0]["content"]:
+            probe = self.render(history + [reply, {**new[0], "content": _MARK}] + new[1:], tools,
+                                add_generation_prompt=True)
+            at = probe.find(_MARK)
+            start = probe.rfind(self.turn_closing, 0, at) if at >= 0 else -1
+            if start >= 0 and probe[:at] == after[:at]:
+                return after[start + len(self.turn_closing):]
+        elif not new and self.turn_closing in after:  # only the generation prompt follows the reply
+            return after[after.rfind(self.turn_closing) + len(self.turn_closing):]
+        return after[common:]
 
 
 def _common_prefix(a: str, b: str) -> int:

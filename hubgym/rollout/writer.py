@@ -45,7 +45,8 @@ class ShardWriter:
         self.max_rows, self.max_bytes = max_rows, max_bytes
         self._buffer: list[Rollout] = []
         self._buffer_bytes = 0
-        for stale in self.shard_dir.glob(f".{worker}-*.tmp"):  # left by a crash mid-write
+        stale_temps = [*self.shard_dir.glob(f".{worker}-*.tmp"), *self.run_dir.glob(f".manifest-{worker}.json.tmp")]
+        for stale in stale_temps:  # left by a crash mid-write (only this worker's: others may be writing)
             stale.unlink()
         self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in self.shards()), default=-1)
         self.rows_written = sum(_count_rows(p) for p in self.shards())

@@ -1,0 +1,199 @@
+"""ShardWriter: atomic shards (a crash never leaves a visible half-written shard), rotation by rows and
+bytes, resume ids, the manifest, and shards that pyarrow, polars and datasets all read."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import polars as pl
+import pyarrow as pa
+import pytest
+
+from hubgym.errors import SchemaError
+from hubgym.rollout.report import shard_files
+from hubgym.rollout.writer import ShardWriter, worker_name
+from hubgym.schemas import assistant, interaction, rollouts_to_table, tool_result, user, validate_rollouts
+from hubgym.schemas.rollouts import Rollout
+
+WORKER = worker_name(0, 1)
+
+
+def make_row(task: int, sample: int, tokens: int = 6) -> Rollout:
+    """A valid rollout row: a tool turn with mask-0 tokens between two model turns."""
+    ids = list(range(100, 100 + tokens))
+    mask = [1, 1] + [0] * (tokens - 3) + [1]
+    return {
+        "rollout_id": f"run-t{task}-{sample}", "run_id": "run", "task_id": f"t{task}", "env": "calc_tools",
+        "group": f"run-t{task}", "sample": sample, "prompt": [user(f"What is {task} * 3?")],
+        "completion": [assistant("calling"), tool_result(str(task * 3), "call-0-0", "calculator"),
+                       assistant(f"<answer>{task * 3}</answer>")],
+        "info": {"answer": str(task * 3), "nested": {"k": [1, 2]}},
+        "interaction": interaction("tool_use", max_turns=4, tools=["calculator"]),
+        "prompt_ids": [1, 2, 3], "completion_ids": ids, "completion_mask": mask,
+        "completion_logprobs": [-0.5 if m else 0.0 for m in mask], "tokens_consistent": True,
+        "reward": 1.0, "metrics": [{"name": "reward/correct", "value": 1.0}], "finish_reason": "stop",
+        "truncated": False, "num_turns": 2, "error": None,
+        "provenance": {"model": "tiny", "policy_version": 0, "sampling": "{}", "env_repo": None, "env_revision": None,
+                       "verifier_module": "hubgym.verifiers.calc_tools", "verifier_sha256": "0" * 64,
+                       "engine": "vllm", "engine_version": "0.32.0", "chat_template_sha256": "1" * 64},
+        "timings": {"generate_s": 0.1, "tools_s": 0.01, "score_s": 0.001, "total_s": 0.111},
+        "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
+    }
+
+
+def group(task: int, n: int = 2) -> list[Rollout]:
+    return [make_row(task, i) for i in range(n)]
+
+
+def read_ids(path: Path) -> list[str]:
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all().column("rollout_id").to_pylist()
+
+
+def visible(run_dir: Path) -> list[str]:
+    return sorted(p.name for p in (run_dir / "shards").iterdir() if not p.name.startswith("."))
+
+
+def test_rotation_by_rows_never_splits_a_group(tmp_path):
+    writer = ShardWriter(tmp_path, WORKER, max_rows=4)
+
+    written = [writer.add_group(group(t)) for t in range(5)]
+    last = writer.flush()
+
+    assert [len(w) for w in written] == [0, 1, 0, 1, 0]
+    assert visible(tmp_path) == [f"{WORKER}-0000{i}.arrow" for i in range(3)]
+    assert last == tmp_path / "shards" / f"{WORKER}-00002.arrow"
+    assert [read_ids(p) for p in writer.shards()] == [
+        ["run-t0-0", "run-t0-1", "run-t1-0", "run-t1-1"], ["run-t2-0", "run-t2-1", "run-t3-0", "run-t3-1"],
+        ["run-t4-0", "run-t4-1"]]
+    assert writer.rows_written == 10
+    assert writer.flush() is None  # nothing buffered: no empty shard
+
+
+def test_rotation_by_bytes(tmp_path):
+    writer = ShardWriter(tmp_path, WORKER, max_rows=1000, max_bytes=2000)  # a 2-row group estimates ~1.1 kB
+
+    assert writer.add_group(group(0)) == []
+    assert len(writer.add_group(group(1))) == 1
+    assert writer.add_group([make_row(2, 0, tokens=300)]) == [tmp_path / "shards" / f"{WORKER}-00001.arrow"]
+    assert [len(read_ids(p)) for p in writer.shards()] == [4, 1]
+
+
+def test_existing_ids_and_numbering_survive_a_new_writer(tmp_path):
+    first = ShardWriter(tmp_path, WORKER, max_rows=2)
+    first.add_group(group(0))
+    first.add_group(group(1))
+
+    again = ShardWriter(tmp_path, WORKER, max_rows=2)
+    other = ShardWriter(tmp_path, worker_name(1, 2), max_rows=2)
+
+    assert again.existing_ids() == {"run-t0-0", "run-t0-1", "run-t1-0", "run-t1-1"}
+    assert again.rows_written == 4
+    assert other.existing_ids() == set()  # a worker reads only its own shards
+    assert again.add_group(group(2)) == [tmp_path / "shards" / f"{WORKER}-00002.arrow"]
+
+
+def test_a_crash_mid_write_leaves_no_visible_shard_and_the_next_writer_cleans_up(tmp_path):
+    """A real process is killed (SIGKILL) after the shard bytes hit the temp file, before the rename."""
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_rollout_writer import group, WORKER
+        from hubgym.rollout.writer import ShardWriter
+        writer = ShardWriter({str(tmp_path)!r}, WORKER, max_rows=2)
+        writer.add_group(group(0))            # one complete shard
+        os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)  # die where the rename would happen
+        writer.add_group(group(1))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    shard_dir = tmp_path / "shards"
+    temp = shard_dir / f".{WORKER}-00001.arrow.tmp"
+    other_temp = shard_dir / f".{worker_name(1, 2)}-00000.arrow.tmp"  # another worker, maybe mid-write now
+    other_temp.write_bytes(b"partial")
+
+    assert temp.is_file() and temp.stat().st_size > 0
+    assert visible(tmp_path) == [f"{WORKER}-00000.arrow"]
+    assert [p.name for p in shard_files([tmp_path])] == [f"{WORKER}-00000.arrow"]
+    assert read_ids(shard_dir / f"{WORKER}-00000.arrow") == ["run-t0-0", "run-t0-1"]
+
+    resumed = ShardWriter(tmp_path, WORKER, max_rows=2)
+
+    assert not temp.exists() and other_temp.exists()
+    assert resumed.existing_ids() == {"run-t0-0", "run-t0-1"}
+    assert resumed.add_group(group(1)) == [shard_dir / f"{WORKER}-00001.arrow"]
+
+
+def test_manifest_is_rewritten_atomically(tmp_path):
+    writer = ShardWriter(tmp_path, WORKER)
+    (tmp_path / f".manifest-{WORKER}.json.tmp").write_text("{half")  # left by a crash
+
+    ShardWriter(tmp_path, WORKER)
+    path = writer.write_manifest({"rows": 2, "shards": ["a.arrow"]})
+    path = writer.write_manifest({"rows": 4, "shards": ["a.arrow", "b.arrow"]})
+
+    assert path == tmp_path / f"manifest-{WORKER}.json"
+    assert json.loads(path.read_text()) == {"rows": 4, "shards": ["a.arrow", "b.arrow"]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"manifest-{WORKER}.json", "shards"]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("run")
+    writer = ShardWriter(run_dir, WORKER, max_rows=4)
+    for t in range(5):
+        writer.add_group(group(t))
+    writer.flush()
+    return run_dir
+
+
+EXPECTED_IDS = sorted(f"run-t{t}-{i}" for t in range(5) for i in range(2))
+
+
+def test_shards_read_with_pyarrow_and_pass_validation(written):
+    tables = [pa.ipc.open_file(str(p)).read_all() for p in shard_files([written])]
+
+    for table in tables:
+        validate_rollouts(table)
+    table = pa.concat_tables(tables)
+    assert sorted(table.column("rollout_id").to_pylist()) == EXPECTED_IDS
+    row = table.slice(0, 1).to_pylist()[0]
+    assert row["completion_mask"] == [1, 1, 0, 0, 0, 1] and row["completion_logprobs"][2:5] == [0.0, 0.0, 0.0]
+    assert json.loads(row["info"]) == {"answer": "0", "nested": {"k": [1, 2]}}  # info is stored as JSON
+
+
+def test_shards_scan_with_polars(written):
+    frame = (pl.scan_ipc(sorted((written / "shards").glob("*.arrow")))
+             .select("rollout_id", "group", pl.col("completion_mask").list.sum().alias("model_tokens"))
+             .collect())
+
+    assert sorted(frame["rollout_id"].to_list()) == EXPECTED_IDS
+    assert frame["model_tokens"].to_list() == [3] * 10
+    assert frame.group_by("group").len()["len"].to_list() == [2] * 5
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_shards_load_with_datasets(written, streaming, tmp_path):
+    import datasets
+
+    files = [str(p) for p in shard_files([written])]
+    loaded = datasets.load_dataset("arrow", data_files=files, split="train", streaming=streaming,
+                                   cache_dir=str(tmp_path / "cache"))
+    rows = list(loaded)
+
+    assert sorted(r["rollout_id"] for r in rows) == EXPECTED_IDS
+    assert all(len(r["completion_ids"]) == len(r["completion_mask"]) == len(r["completion_logprobs"]) for r in rows)
+    assert rows[0]["completion"][1]["role"] == "tool" and rows[0]["completion"][1]["content"] == "0"
+
+
+def test_validation_catches_a_misaligned_token_record():
+    bad = make_row(0, 0)
+    bad["completion_mask"] = bad["completion_mask"][:-1]
+
+    with pytest.raises(SchemaError, match=r"row='run-t0-0' field='completion_mask'"):
+        validate_rollouts(rollouts_to_table([make_row(1, 0), bad]))
