@@ -149,6 +149,9 @@ def _bwrap_argv(bwrap: str, config: SandboxConfig, info_fd: int) -> list[str]:
             "--hostname", "sandbox", "--die-with-parent", "--new-session", "--info-fd", str(info_fd)]
     # As root bwrap keeps every capability: keep only what the bootstrap's uid drop needs (gone after it).
     argv += ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if root else ["--unshare-user"]
+    # The private /tmp comes first: an interpreter or virtualenv that lives under /tmp is bound on top of it.
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(config.tmp_mb * 1024 * 1024),
+             "--tmpfs", "/tmp"]
     for path in SYSTEM_DIRS:
         if os.path.islink(path):
             argv += ["--symlink", os.readlink(path), path]
@@ -162,8 +165,7 @@ def _bwrap_argv(bwrap: str, config: SandboxConfig, info_fd: int) -> list[str]:
                 made.add(parent)
                 argv += ["--perms", "0755", "--dir", parent]
         argv += [flag, path, path]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(config.tmp_mb * 1024 * 1024),
-             "--tmpfs", "/tmp", "--remount-ro", "/", "--chdir", "/tmp"]
+    argv += ["--remount-ro", "/", "--chdir", "/tmp"]
     uid = random.randrange(*SANDBOX_UIDS) if root else None
     return argv + _python_argv(config, uid)
 
