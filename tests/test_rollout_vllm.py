@@ -95,6 +95,9 @@ RESUME_SCRIPT = textwrap.dedent("""
 """)
 
 
+WATCH_S = 1800  # a generous bound: on a loaded machine the subprocess's engine alone can take minutes to start
+
+
 class KilledRun:
     """A rollout run in a subprocess, SIGKILLed by a watcher thread as soon as its first shard appears.
     Started before this module's engine loads, so the two engine start-ups overlap. The run gets its own
@@ -112,7 +115,7 @@ class KilledRun:
 
     def _watch(self) -> None:
         shards = Path(self.config.out) / "shards"
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + WATCH_S
         while self.process.poll() is None and time.monotonic() < deadline:
             if shards.is_dir() and any(not p.name.startswith(".") for p in shards.iterdir()):
                 self.kill()
@@ -127,7 +130,7 @@ class KilledRun:
             pass
 
     def wait(self) -> int:
-        self.watcher.join(timeout=420)
+        self.watcher.join(timeout=WATCH_S + 20)
         if self.process.poll() is None:
             self.kill()
         return self.process.wait(timeout=60)
