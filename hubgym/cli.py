@@ -172,7 +172,8 @@ def rollout(
     = EngineKind.vllm,
     base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")]
     = None,
-    mode: Annotated[str, typer.Option(help="openai engine: 'tokens' (token-in) or 'chat' (native tool calls)")]
+    mode: Annotated[str, typer.Option(help="openai engine: 'tokens' (token-in), 'chat' (server renders, native tool "
+                                           "calls) or 'chat_tokens' (token-in with native tool calls)")]
     = "tokens",
     n: Annotated[int, typer.Option(min=1, help="samples per task (one GRPO group)")] = 4,
     limit: Annotated[Optional[int], typer.Option(min=1, help="tasks per env [default: the whole split]")] = None,

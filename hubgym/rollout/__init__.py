@@ -10,9 +10,10 @@ from hubgym.rollout.engines import Engine, EngineError, OpenAIEngine, RequestErr
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
 from hubgym.rollout.report import plot_rewards, scan_rollouts, summarize
 from hubgym.rollout.run import RolloutConfig, RunSummary, run_rollouts
+from hubgym.rollout.server import VLLMServer
 from hubgym.rollout.tokens import ChatRenderer, TokenRecord
 from hubgym.rollout.writer import ShardWriter
 
 __all__ = ["ChatRenderer", "Engine", "EngineError", "LoopContext", "OpenAIEngine", "RequestError", "RolloutConfig",
-           "RunSummary", "Sample", "SamplingArgs", "ShardWriter", "TokenRecord", "Trajectory", "VLLMEngine",
+           "RunSummary", "Sample", "SamplingArgs", "ShardWriter", "TokenRecord", "Trajectory", "VLLMEngine", "VLLMServer",
            "plot_rewards", "run_group", "run_rollouts", "scan_rollouts", "summarize"]

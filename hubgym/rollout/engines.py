@@ -14,6 +14,7 @@ vLLM, torch and openai are imported when an engine is created, never by `import 
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -172,23 +173,29 @@ class OpenAIEngine:
     backoff); what still fails, and 401/403/404 (wrong key or model: every request would fail),
     raise `EngineError` naming the server. Any other 4xx fails one request: `RequestError`.
     `extra_body` is merged into every request body, e.g. `{"structured_outputs": {"regex": ...}}`.
+    `return_token_ids=False` (chat mode only) leaves out vLLM's field for hosted APIs that refuse
+    unknown fields; their rows then carry no token ids. `api_key` defaults to $OPENAI_API_KEY.
     """
 
     name = "openai"
     MODES = ("tokens", "chat", "chat_tokens")
 
     def __init__(self, model: str, base_url: str, *, mode: str = "tokens", api_key: str | None = None,
-                 max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 64,
-                 extra_body: dict[str, Any] | None = None):
+                 max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 256,
+                 extra_body: dict[str, Any] | None = None, return_token_ids: bool = True):
         import openai
 
         if mode not in self.MODES:
             raise ValueError(f"OpenAIEngine mode is {mode!r}; use one of {self.MODES}")
+        if mode != "chat" and not return_token_ids:
+            raise ValueError(f"OpenAIEngine mode {mode!r} is token-in and needs return_token_ids=True; "
+                             f"use mode 'chat' for servers without token ids")
         self.model, self.base_url, self.mode, self.max_model_len = model, base_url, mode, max_model_len
         self.token_in = mode in ("tokens", "chat_tokens")
         self.version = f"openai-{openai.__version__}"
         self.max_retries, self.timeout_s, self.concurrency = max_retries, timeout_s, concurrency
-        self.api_key, self.extra_body = api_key or "EMPTY", dict(extra_body or {})
+        self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # vLLM accepts any key
+        self.extra_body, self.return_token_ids = dict(extra_body or {}), return_token_ids
         self._fatal = (openai.APIConnectionError, openai.AuthenticationError, openai.PermissionDeniedError,
                        openai.NotFoundError, openai.RateLimitError, openai.InternalServerError)
         self._refused = openai.APIStatusError
@@ -208,7 +215,9 @@ class OpenAIEngine:
         self._bind()
         async with self._limit:
             try:
-                return await (self._tokens(request, sampling) if self.mode == "tokens" else self._chat(request, sampling))
+                if self.mode == "tokens":
+                    return await self._tokens(request, sampling)
+                return await self._chat(request, sampling)
             except self._fatal as exc:  # the client already retried with backoff
                 raise EngineError(f"OpenAI-compatible server at {self.base_url} failed after {self.max_retries} "
                                   f"retries ({type(exc).__name__}: {str(exc)[:500]}); check the server is up and "
@@ -218,8 +227,9 @@ class OpenAIEngine:
 
     def _body(self, request: Request, sampling: SamplingArgs) -> dict[str, Any]:
         body = {**self.extra_body, "model": self.model, "n": request.n, "max_tokens": request.max_tokens,
-                "seed": request.seed, "temperature": sampling.temperature, "top_p": sampling.top_p,
-                "return_token_ids": True}
+                "seed": request.seed, "temperature": sampling.temperature, "top_p": sampling.top_p}
+        if self.return_token_ids:
+            body["return_token_ids"] = True
         if self.mode == "chat_tokens":
             body["kv_transfer_params"] = {**body.get("kv_transfer_params", {}), "prompt_token_ids": list(request.ids)}
         return body
@@ -240,9 +250,9 @@ class OpenAIEngine:
         if any(c.get("token_ids") is None for c in choices):
             raise EngineError(f"the server at {self.base_url} returned no token ids; mode 'tokens' needs a vLLM "
                               f"server (request field return_token_ids); use mode 'chat' for other servers")
-        return [Sample(list(c["token_ids"]), _floats((c.get("logprobs") or {}).get("token_logprobs")), c.get("text") or "",
-                       c.get("finish_reason") or "stop", list(c.get("prompt_token_ids") or request.ids))
-                for c in choices]
+        return [Sample(list(c["token_ids"]), _floats((c.get("logprobs") or {}).get("token_logprobs")),
+                       c.get("text") or "", c.get("finish_reason") or "stop",
+                       list(c.get("prompt_token_ids") or request.ids)) for c in choices]
 
     async def _chat(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
         from hubgym.schemas.messages import from_openai, to_openai

@@ -42,7 +42,7 @@ class RolloutConfig:
     out: str  # run folder
     engine: str = "vllm"  # "vllm" (offline, in-process) or "openai" (a server at base_url)
     base_url: str | None = None
-    mode: str = "tokens"  # openai engine only: "tokens" (token-in) or "chat" (native tool calls)
+    mode: str = "tokens"  # openai engine only: "tokens" (token-in), "chat" or "chat_tokens" (native tool calls)
     n: int = 4  # samples per task: one GRPO group
     limit: int | None = None  # tasks per env (the first ones of the split)
     split: str = "test"
@@ -55,7 +55,8 @@ class RolloutConfig:
     concurrency: int = 64  # groups in flight
 
     def run_id(self) -> str:
-        keep = {k: v for k, v in asdict(self).items() if k not in ("shard_index", "out", "concurrency")}
+        # Where the run is written, how it is split and where the server listens do not change what it samples.
+        keep = {k: v for k, v in asdict(self).items() if k not in ("shard_index", "out", "concurrency", "base_url")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -35,16 +36,24 @@ def free_port() -> int:
 
 class VLLMServer:
     """A vLLM OpenAI-compatible server for one model; a context manager. `start()` again after `stop()`
-    brings it back on the same port (so a resumed run talks to the same base_url)."""
+    brings it back on the same port (so a resumed run talks to the same base_url).
+
+    port: fixed, or a free one; tool_parser: vLLM's name for it (None: no native tool calls);
+    chunked_prefill: leave off with per-request seeds on the CPU build (see `command`);
+    enforce_eager: skip torch.compile (faster start, slower decoding: tests want it, benchmarks not);
+    log_path: the server's stdout+stderr (default: the temp dir); extra_args: more CLI flags; env: more
+    environment variables for the server (e.g. VLLM_CPU_KVCACHE_SPACE).
+    """
 
     def __init__(self, model: str | Path, *, port: int | None = None, host: str = "127.0.0.1",
                  max_model_len: int = 2048, dtype: str = "float32", tool_parser: str | None = "hermes",
-                 chunked_prefill: bool = False, enforce_eager: bool = False, log_path: str | Path | None = None, startup_timeout_s: float = 300.0,
-                 extra_args: list[str] | None = None, env: dict[str, str] | None = None):
+                 chunked_prefill: bool = False, enforce_eager: bool = False, log_path: str | Path | None = None,
+                 startup_timeout_s: float = 300.0, extra_args: list[str] | None = None,
+                 env: dict[str, str] | None = None):
         self.model, self.host, self.port = str(model), host, port or free_port()
         self.max_model_len, self.dtype, self.tool_parser = max_model_len, dtype, tool_parser
         self.chunked_prefill, self.enforce_eager = chunked_prefill, enforce_eager
-        self.log_path = Path(log_path) if log_path else Path(f"vllm-server-{self.port}.log")
+        self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"hubgym-vllm-{self.port}.log"
         self.startup_timeout_s, self.extra_args, self.env = startup_timeout_s, list(extra_args or []), env or {}
         self.process: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
