@@ -113,7 +113,9 @@ def test_a_crash_mid_write_leaves_no_visible_shard_and_the_next_writer_cleans_up
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == -9, done.stderr
     shard_dir = tmp_path / "shards"
-    temp = shard_dir / f".{WORKER}-00001.arrow.tmp"
+    temps = list(shard_dir.glob(f".{WORKER}-00001.arrow.*.tmp"))  # hidden, uniquely named temp file
+    assert len(temps) == 1
+    temp = temps[0]
     other_temp = shard_dir / f".{worker_name(1, 2)}-00000.arrow.tmp"  # another worker, maybe mid-write now
     other_temp.write_bytes(b"partial")
 

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Iterator, Mapping
 
 from hubgym.errors import EnvContractError, Where
+from hubgym.fileio import atomic_write_bytes as _atomic_write
 from hubgym.hub.base import (
     GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, expand_revision, not_found,
 )
@@ -191,16 +192,6 @@ def _check_path(path: str) -> str:
         raise EnvContractError(f"{path!r} is not a valid path in a repo", Where(field=path),
                                "use a relative POSIX path such as data/<config>/<split>-00000-of-00001.parquet")
     return path
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(staged, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(staged, path)
 
 
 def _now() -> str:

@@ -20,21 +20,12 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from hubgym.fileio import atomic_write_bytes
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
 
 
 def worker_name(shard_index: int, num_shards: int) -> str:
     return f"w{shard_index:03d}of{num_shards:03d}"
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a hidden temp file + fsync + rename, so readers see the old file or the new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class ShardWriter:
@@ -45,7 +36,7 @@ class ShardWriter:
         self.max_rows, self.max_bytes = max_rows, max_bytes
         self._buffer: list[Rollout] = []
         self._buffer_bytes = 0
-        stale_temps = [*self.shard_dir.glob(f".{worker}-*.tmp"), *self.run_dir.glob(f".manifest-{worker}.json.tmp")]
+        stale_temps = [*self.shard_dir.glob(f".{worker}-*.tmp"), *self.run_dir.glob(f".manifest-{worker}.json*.tmp")]
         for stale in stale_temps:  # left by a crash mid-write (only this worker's: others may be writing)
             stale.unlink()
         self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in self.shards()), default=-1)
