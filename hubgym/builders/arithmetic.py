@@ -8,7 +8,8 @@ Reward:
     correct (weight 1): the extracted answer equals the value. format (weight 0, a metric):
     the reply has an <answer> tag.
 Arguments:
-    configs easy (1-digit, + -), medium (2-digit, + - *), hard (3 operands up to 3 digits);
+    configs easy (1-digit, + -), medium (2-digit, + - *), hard (3 operands up to 3 digits),
+    tiny (the 25 sums of 0..4, for training demos with a tiny model);
     TaskConfig.seed and TaskConfig.sizes.
 Version history:
     v1: first release.
@@ -43,6 +44,10 @@ class Arithmetic(TaskBuilder):
         ArithmeticConfig(name="easy", max_value=9, operators="+-", sizes={"train": 150, "test": 30}),
         ArithmeticConfig(name="medium", max_value=99, operators="+-*"),
         ArithmeticConfig(name="hard", max_value=999, operators="+-*", operands=3),
+        # All 25 sums of two operands in 0..4, in both splits: small enough for the tiny local model to
+        # learn something with GRPO in minutes on a CPU (the demo's training env). Its test split is the
+        # same task space, so it measures the policy, not generalization.
+        ArithmeticConfig(name="tiny", max_value=4, operators="+", sizes={"train": 25, "test": 25}),
     ]
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:

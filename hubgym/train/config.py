@@ -1,0 +1,185 @@
+"""The training config: one YAML file, every option documented, `--set key=value` overrides.
+
+    cfg = load_config("train.yaml", ["online.steps=10", "loss.variant=dapo"])
+
+Each option's description lives next to it (`Field(description=...)`): `hubgym train --options`
+prints them all as a table, so the docs cannot drift from the code. Unknown keys are refused
+with the closest known name, because a typo that silently falls back to a default wastes a run.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any, Iterator, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EnvMix(Section):
+    name: str = Field(description="env spec ENV[:CONFIG] (name, versioned id, folder or org/name@revision)")
+    weight: float = Field(1.0, gt=0, description="mixture weight when drawing tasks and stored rows")
+
+
+class Offline(Section):
+    sources: list[str] = Field(default_factory=list, description="rollout run folders, shard files or Hub refs "
+                               "(org/name[@rev][:RUN]) to train on first")
+    steps: int = Field(0, ge=0, description="optimizer steps on stored rollouts (phase 1)")
+
+
+class Online(Section):
+    steps: int = Field(0, ge=0, description="optimizer steps on fresh rollouts of the policy (phase 2)")
+    tasks_per_step: int = Field(8, ge=1, description="tasks sampled per step; each gives one group of grpo.n rollouts")
+    sync_every: int = Field(1, ge=1, description="sync trained weights into vLLM every K steps")
+    offline_fraction: float = Field(0.0, ge=0, le=1, description="share of each online step's groups drawn from the "
+                                    "offline sources (the mix schedule; 0 = only fresh rollouts)")
+    split: str = Field("train", description="split the online tasks come from")
+    push: str | None = Field(None, description="also push each online shard set to this rollout repo")
+    max_model_len: int = Field(1024, ge=16, description="vLLM context length")
+
+
+class Sampling(Section):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int = Field(16, ge=1, description="tokens per turn")
+
+
+class Grpo(Section):
+    n: int = Field(8, ge=2, description="samples per task (group size)")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: (r-mean)/std; dr_grpo: r-mean")
+    zero_variance: Literal["drop", "downweight", "keep"] = Field("drop", description="groups whose rewards are all equal")
+    zero_variance_weight: float = Field(0.1, ge=0, description="weight of zero-variance groups when 'downweight'")
+    short_groups: Literal["drop", "keep", "error"] = Field("drop", description="groups with fewer than n rows")
+    truncated: Literal["keep", "mask", "zero"] = Field("keep", description="truncated completions: train as is, "
+                                                       "mask their tokens, or zero their advantage")
+    strict: bool = Field(False, description="a bad row (token record, unknown env) is an error instead of a warning")
+
+
+class Loss(Section):
+    variant: Literal["grpo", "dr_grpo", "dapo"] = Field("grpo", description="aggregation: per-sequence mean (grpo), "
+                                                         "sum / (sequences x max_len) (dr_grpo), token mean (dapo)")
+    epsilon_low: float = Field(0.2, ge=0, description="lower clip of the policy ratio")
+    epsilon_high: float = Field(0.28, ge=0, description="upper clip of the policy ratio (clip-higher)")
+    beta: float = Field(0.0, ge=0, description="KL to the reference (initial) model; 0 = no reference model")
+    is_cap: float = Field(2.0, gt=0, description="cap of the truncated importance weight vs behaviour logprobs")
+    max_staleness: int | None = Field(None, ge=0, description="mask rows whose policy_version lags more than this")
+
+
+class Batch(Section):
+    groups_per_step: int = Field(8, ge=1, description="GRPO groups per optimizer step (global batch)")
+    micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one micro-batch (padding included)")
+    buffer_groups: int = Field(256, ge=1, description="incomplete groups held while streaming (memory bound)")
+
+
+class Optim(Section):
+    lr: float = Field(2e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage")
+    bf16: Literal["auto", "true", "false"] = Field("auto", description="bf16 where supported ('auto')")
+    gradient_checkpointing: bool = False
+
+
+class Eval(Section):
+    every: int = Field(0, ge=0, description="evaluate every K steps (0 = only before and after training)")
+    split: str = Field("test", description="held-out split")
+    limit: int = Field(32, ge=1, description="tasks per env")
+    n: int = Field(4, ge=1, description="samples per task (pass@k uses them)")
+    temperature: float = Field(1.0, ge=0)
+
+
+class Log(Section):
+    every: int = Field(1, ge=1, description="console table every K steps")
+    trackio: bool = False
+    tensorboard: bool = False
+    wandb: bool = False
+
+
+class TrainConfig(Section):
+    model: str = Field("tiny", description="model folder; 'tiny' makes the tiny local model")
+    output_dir: str = Field("runs/train", description="checkpoints, shards, metrics, plots")
+    envs: list[EnvMix] = Field(default_factory=lambda: [EnvMix(name="arithmetic:tiny")],
+                               description="envs for online rollouts and evaluation, with mixture weights")
+    seed: int = 0
+    checkpoint_every: int = Field(0, ge=0, description="save every K steps (0 = only at the end)")
+    keep_checkpoints: int = Field(2, ge=1)
+    offline: Offline = Field(default_factory=Offline)
+    online: Online = Field(default_factory=Online)
+    sampling: Sampling = Field(default_factory=Sampling)
+    grpo: Grpo = Field(default_factory=Grpo)
+    loss: Loss = Field(default_factory=Loss)
+    batch: Batch = Field(default_factory=Batch)
+    optim: Optim = Field(default_factory=Optim)
+    eval: Eval = Field(default_factory=Eval)
+    log: Log = Field(default_factory=Log)
+
+    @property
+    def total_steps(self) -> int:
+        return self.offline.steps + self.online.steps
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message says which key and how to fix it."""
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read YAML (or start from the defaults), apply `key.sub=value` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read training config {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of options, got {type(data).__name__}")
+    for item in overrides or []:
+        _apply_override(data, item)
+    _check_keys(data, TrainConfig, "")
+    try:
+        return TrainConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid training config{f' {path}' if path else ''}: {problems}") from None
+
+
+def _apply_override(data: dict, item: str) -> None:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: write key=value, e.g. --set online.steps=10")
+    *parents, leaf = key.strip().split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+    node[leaf] = yaml.safe_load(raw)  # YAML scalars: 3, 0.5, true, [a, b], {name: x}
+
+
+def _check_keys(data: dict, model: type[BaseModel], prefix: str) -> None:
+    """Refuse unknown keys with the closest valid name (pydantic's message does not suggest one)."""
+    for key, value in data.items():
+        if key not in model.model_fields:
+            close = difflib.get_close_matches(key, list(model.model_fields), n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid: {', '.join(model.model_fields)}"
+            raise ConfigError(f"unknown training option {prefix}{key!r}{hint}")
+        annotation = model.model_fields[key].annotation
+        if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            _check_keys(value, annotation, f"{prefix}{key}.")
+
+
+def describe_options(model: type[BaseModel] = TrainConfig, prefix: str = "") -> Iterator[tuple[str, str, str]]:
+    """(key, default, description) for every option, nested sections flattened: the option reference."""
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, Section):
+            yield from describe_options(annotation, f"{prefix}{name}.")
+            continue
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            default = [d.model_dump() if isinstance(d, BaseModel) else d for d in default]
+        yield f"{prefix}{name}", repr(default), field.description or ""

@@ -1,0 +1,132 @@
+"""Training metrics: one global step for everything, written to a JSONL file, a console table and
+(optionally) trackio, TensorBoard or W&B; curves saved as PNG.
+
+    log = MetricsLog(out_dir, console=console, every=1, backends=["tensorboard"])
+    log.log(step, {"policy/loss": 0.1, "env/arithmetic/reward": 0.4})
+    log.close()                                # writes metrics.png
+
+Names are `group/[env/]metric`: `policy/*` (loss, clip fraction, KL, IS ratio, entropy, grad norm),
+`env/<env>/*` (reward, components, success, failure rates, tokens), `eval/<env>/*`, `time/*`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+CONSOLE_KEYS = ("policy/loss", "policy/grad_norm", "policy/clip_frac", "policy/is_ratio_mean", "policy/entropy",
+                "policy/staleness_max", "time/step_s", "time/tokens_per_s")
+
+
+class MetricsLog:
+    def __init__(self, out_dir: str | Path, *, console: Console | None = None, every: int = 1,
+                 backends: list[str] | None = None, run_name: str = "hubgym", config: dict | None = None):
+        self.path = Path(out_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.console, self.every = console, every
+        self.history: list[dict[str, Any]] = []
+        self._backends = [_open_backend(b, Path(out_dir), run_name, config or {}) for b in backends or []]
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        """Record one step's metrics (several calls for one step merge in the file and plots)."""
+        record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
+        self.history.append(record)
+        with self.path.open("a") as f:  # appended line by line: a killed run keeps what it logged
+            f.write(json.dumps(record) + "\n")
+        for backend in self._backends:
+            backend(step, metrics)
+        if self.console is not None and step % self.every == 0 and any(k in metrics for k in CONSOLE_KEYS):
+            self.console.print(step_table(step, metrics))
+
+    def series(self, key: str) -> list[tuple[int, float]]:
+        return [(r["step"], r[key]) for r in self.history if key in r and r[key] is not None]
+
+    def close(self, plot: bool = True) -> Path | None:
+        for backend in self._backends:
+            getattr(backend, "close", lambda: None)()
+        return plot_curves(self.history, self.path.with_name("metrics.png")) if plot and self.history else None
+
+
+def step_table(step: int, metrics: dict[str, float]) -> Table:
+    """One compact row-per-env table for the console: rewards per env, then the policy numbers."""
+    table = Table(title=f"step {step}", title_justify="left", show_edge=False)
+    envs = sorted({k.split("/")[1] for k in metrics if k.startswith("env/")})
+    table.add_column("env")
+    for col in ("reward", "success", "truncated", "tokens"):
+        table.add_column(col, justify="right")
+    for env in envs:
+        table.add_row(env, *(_fmt(metrics.get(f"env/{env}/{c}")) for c in ("reward", "success", "truncated", "tokens")))
+    policy = "  ".join(f"{k.split('/', 1)[1]}={_fmt(metrics[k])}" for k in CONSOLE_KEYS if k in metrics)
+    table.caption, table.caption_justify = policy, "left"
+    return table
+
+
+def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
+    """Reward per env (train and eval) and the main policy numbers against the global step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({k for r in history for k in r if k.endswith("/reward") and k.startswith(("env/", "eval/"))})
+    policy = [k for k in ("policy/loss", "policy/grad_norm", "policy/is_ratio_mean", "policy/entropy")
+              if any(k in r for r in history)]
+    fig, axes = plt.subplots(1 + len(policy), 1, figsize=(7, 2.6 * (1 + len(policy))), squeeze=False)
+    for key in keys:
+        points = [(r["step"], r[key]) for r in history if r.get(key) is not None]
+        axes[0][0].plot(*zip(*points), marker="o" if key.startswith("eval/") else None, markersize=4, label=key)
+    axes[0][0].set_ylabel("mean reward")
+    axes[0][0].legend(fontsize=7)
+    for ax, key in zip(axes[1:], policy):
+        points = [(r["step"], r[key]) for r in history if r.get(key) is not None]
+        ax[0].plot(*zip(*points))
+        ax[0].set_ylabel(key.split("/", 1)[1])
+    axes[-1][0].set_xlabel("global step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _open_backend(name: str, out_dir: Path, run_name: str, config: dict):
+    """trackio / tensorboard / wandb, imported only when asked for, with an install hint if missing."""
+    try:
+        if name == "tensorboard":
+            from torch.utils.tensorboard import SummaryWriter
+
+            writer = SummaryWriter(str(out_dir / "tensorboard"))
+            log = lambda step, m: [writer.add_scalar(k, v, step) for k, v in m.items() if _finite(v)]  # noqa: E731
+            log.close = writer.close  # type: ignore[attr-defined]
+            return log
+        if name in ("trackio", "wandb"):
+            module = __import__(name)
+            run = module.init(project="hubgym", name=run_name, config=config)
+            log = lambda step, m: module.log({k: v for k, v in m.items() if _finite(v)}, step=step)  # noqa: E731
+            log.close = getattr(run, "finish", None) or module.finish  # type: ignore[attr-defined]
+            return log
+    except ImportError as exc:
+        raise ImportError(f"logging to {name} needs its package: pip install {name} ({exc})") from None
+    raise ValueError(f"unknown metrics backend {name!r}; use trackio, tensorboard or wandb")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        value = value.item()
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)

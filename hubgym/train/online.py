@@ -1,0 +1,103 @@
+"""Fresh rollouts of the policy being trained: the live producer of the online phase.
+
+Each call to `produce(version, groups)` draws tasks from the env mixture (seeded, without
+repeats within a step), samples one GRPO group per task with the vLLM engine that serves the
+current weights, scores the rows, and writes them as shards under `OUT/v<version>/` before
+handing them to the trainer. So the online data is on disk (and can go to the Hub) exactly like
+any other rollout run, with `policy_version` in every row.
+
+Resume: if `OUT/v<version>/` already holds a complete step (its manifest lists all rows), the
+stored rows are returned instead of sampling again, so a resumed run trains on the very same
+batches as the run that was killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from hubgym.rollout.engines import Engine, SamplingArgs
+from hubgym.rollout.loop import LoopContext, run_group
+from hubgym.rollout.run import EnvTasks, RolloutConfig, load_env_tasks, to_row
+from hubgym.rollout.tokens import ChatRenderer
+from hubgym.rollout.writer import ShardWriter, worker_name
+
+
+@dataclass
+class MixEnv:
+    tasks: EnvTasks
+    weight: float
+    spec: str
+
+
+class OnlineProducer:
+    def __init__(self, envs: list[tuple[str, float]], *, split: str, model: str, out_dir: str | Path, n: int,
+                 sampling: SamplingArgs, max_model_len: int, seed: int = 0):
+        self.envs = [MixEnv(load_env_tasks(spec, split, None), weight, spec) for spec, weight in envs]
+        self.split, self.model, self.out_dir, self.n = split, model, Path(out_dir), n
+        self.sampling, self.max_model_len, self.seed = sampling, max_model_len, seed
+
+    def pick(self, version: int, groups: int) -> list[tuple[MixEnv, dict]]:
+        """Tasks for one step: groups split across envs by weight, no task twice in a step.
+
+        The draw depends only on (seed, version), not on an RNG carried across steps, so a resumed
+        run draws the same tasks with no state to checkpoint.
+        """
+        rng = random.Random(f"{self.seed}:{version}")
+        chosen_envs = rng.choices(self.envs, weights=[e.weight for e in self.envs], k=groups)
+        picks: list[tuple[MixEnv, dict]] = []
+        for env in self.envs:
+            count = sum(1 for e in chosen_envs if e is env)
+            pool = list(range(len(env.tasks.tasks)))
+            indices = rng.sample(pool, min(count, len(pool)))
+            picks += [(env, env.tasks.tasks[i]) for i in indices]
+        return picks
+
+    def rollout_config(self, version: int) -> RolloutConfig:
+        return RolloutConfig(envs=[e.spec for e in self.envs], model=self.model, out=str(self.step_dir(version)),
+                             n=self.n, split=self.split, policy_version=version, max_model_len=self.max_model_len,
+                             sampling=SamplingArgs(**{**self.sampling.to_dict(), "seed": self.seed + version}))
+
+    def step_dir(self, version: int) -> Path:
+        return self.out_dir / f"v{version:05d}"
+
+    def produce(self, engine: Engine, renderer: ChatRenderer, version: int, groups: int) -> list[dict[str, Any]]:
+        """One step's rows (a list of complete groups), sampled now or read back after a resume."""
+        stored = self._stored(version)
+        if stored is not None:
+            return stored
+        shutil.rmtree(self.step_dir(version), ignore_errors=True)  # a step killed before its manifest: redo it whole
+        config, picks = self.rollout_config(version), self.pick(version, groups)
+        run_id = config.run_id()
+        rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
+        writer = ShardWriter(config.out, worker_name(0, 1), max_rows=max(len(rows), 1))
+        writer.add_group(rows)
+        writer.flush()
+        writer.write_manifest({"run_id": run_id, "policy_version": version, "rows": len(rows), "complete": True,
+                               "model": self.model, "sampling": config.sampling.to_dict(),
+                               "envs": sorted({r["env"] for r in rows}), "shards": [p.name for p in writer.shards()]})
+        return rows
+
+    async def _sample(self, engine, renderer, config: RolloutConfig, run_id: str, picks) -> list[dict[str, Any]]:
+        async def one(env: MixEnv, task: dict) -> list[dict[str, Any]]:
+            ctx = LoopContext(engine, renderer, config.sampling, env.tasks.verifier, config.max_model_len)
+            trajs = await run_group(task, config.n, ctx)
+            return [to_row(t, env.tasks.verifier, run_id, config, engine, renderer) for t in trajs]
+
+        groups = await asyncio.gather(*(one(env, task) for env, task in picks))
+        return [row for group in groups for row in group]
+
+    def _stored(self, version: int) -> list[dict[str, Any]] | None:
+        folder = self.step_dir(version)
+        manifest = folder / f"manifest-{worker_name(0, 1)}.json"
+        if not manifest.exists() or not json.loads(manifest.read_text()).get("complete"):
+            return None
+        tables = [pa.ipc.open_file(pa.memory_map(str(p))).read_all() for p in sorted((folder / "shards").glob("*.arrow"))]
+        return [row for t in tables for row in t.to_pylist()]
