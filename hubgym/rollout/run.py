@@ -53,10 +53,14 @@ class RolloutConfig:
     num_shards: int = 1
     max_rows_per_shard: int = 512
     concurrency: int = 64  # groups in flight
+    hub: str | None = None  # where `org/name@revision` envs are loaded from (default: $HUBGYM_HUB or the local hub)
+    trust: bool = False  # run hub verifiers unpinned (else each needs a pin)
+    pins: dict[str, str] = field(default_factory=dict)  # hub repo -> "sha256:<hex>" of its verifier
 
     def run_id(self) -> str:
         # Where the run is written, how it is split and where the server listens do not change what it samples.
-        keep = {k: v for k, v in asdict(self).items() if k not in ("shard_index", "out", "concurrency", "base_url")}
+        keep = {k: v for k, v in asdict(self).items()
+                if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
@@ -66,22 +70,38 @@ class EnvTasks:
     config: str
     verifier: Verifier
     tasks: list[Task]
+    repo: str | None = None  # set when the env was loaded from a hub: recorded in every row's provenance
+    revision: str | None = None
 
 
-def load_env_tasks(spec: str, split: str, limit: int | None) -> EnvTasks:
-    """Build one env's tasks and check every row's tools exist before any generation."""
+def is_hub_ref(ref: str) -> bool:
+    """`org/name[@revision]` that is not a local folder."""
+    return "/" in ref.split("@", 1)[0] and not Path(ref).exists() and not ref.startswith((".", "/", "~"))
+
+
+def load_env_tasks(spec: str, split: str, limit: int | None, *, hub: str | None = None, trust: bool = False,
+                   pins: dict[str, str] | None = None) -> EnvTasks:
+    """Build (or load from a hub) one env's tasks and check every row's tools exist before any generation."""
     ref, _, config = spec.partition(":")
-    builder = resolve_env(ref)
-    config = config or builder.config_names()[0]
-    rows = build_tasks(builder, config)[split]
+    if is_hub_ref(ref):
+        from hubgym.hub.load import load_env
+
+        loaded = load_env(ref, trust=trust, pin=(pins or {}).get(ref.split("@")[0]), config=config or None,
+                          split=split, hub=hub)
+        name, config, verifier, rows = loaded.env, loaded.config, loaded.verifier, loaded.tasks
+        repo, revision = loaded.repo, loaded.revision
+    else:
+        builder = resolve_env(ref)
+        config = config or builder.config_names()[0]
+        name, verifier, rows, repo, revision = builder.ENV, builder.verifier(), build_tasks(builder, config)[split], None, None
     tasks = [rows[i] for i in range(min(limit or len(rows), len(rows)))]
     for task in tasks:
-        for name in task["interaction"]["tools"]:
+        for tool_name in task["interaction"]["tools"]:
             try:
-                get_tool(name)
+                get_tool(tool_name)
             except ToolNotFoundError as exc:
-                raise ToolNotFoundError(f"{exc} [{Where(builder.ENV, config, split, task['id'], 'interaction.tools')}]") from None
-    return EnvTasks(builder.ENV, config, builder.verifier(), tasks)
+                raise ToolNotFoundError(f"{exc} [{Where(name, config, split, task['id'], 'interaction.tools')}]") from None
+    return EnvTasks(name, config, verifier, tasks, repo, revision)
 
 
 def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
@@ -122,7 +142,7 @@ def rollout_id(run_id: str, task_id: str, sample: int) -> str:
 
 
 def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutConfig, engine: Engine,
-           renderer: ChatRenderer | None) -> Rollout:
+           renderer: ChatRenderer | None, env_repo: str | None = None, env_revision: str | None = None) -> Rollout:
     """Score a trajectory and lay it out as a Rollout row. A failed trajectory keeps reward None."""
     started = time.perf_counter()
     score = verifier.score(traj.task, traj.completion) if traj.error is None else None
@@ -146,7 +166,7 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
         "error": error,
         "provenance": {
             "model": config.model, "policy_version": config.policy_version,
-            "sampling": json.dumps(config.sampling.to_dict(), sort_keys=True), "env_repo": None, "env_revision": None,
+            "sampling": json.dumps(config.sampling.to_dict(), sort_keys=True), "env_repo": env_repo, "env_revision": env_revision,
             "verifier_module": verifier.name, "verifier_sha256": verifier.sha256, "engine": engine.name,
             "engine_version": engine.version,
             "chat_template_sha256": renderer.template_sha256 if renderer else None,
@@ -171,7 +191,8 @@ class RunSummary:
 def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True) -> RunSummary:
     """Generate, score and store rollouts for every task of this worker; resumes a previous run."""
     run_id = config.run_id()
-    envs = [load_env_tasks(spec, config.split, config.limit) for spec in config.envs]
+    envs = [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
+            for spec in config.envs]
     writer = ShardWriter(config.out, worker_name(config.shard_index, config.num_shards),
                          max_rows=config.max_rows_per_shard)
     done = writer.existing_ids()
@@ -203,7 +224,7 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
             for env, task in pending:
                 ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
                 trajs = await run_group(task, config.n, ctx)
-                rows = [to_row(t, env.verifier, run_id, config, engine, renderer) for t in trajs]
+                rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
                 if writer.add_group(rows):  # a shard was written: the manifest lists it at once
                     writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
                 tokens = sum(sum(r["completion_mask"]) for r in rows)
@@ -221,7 +242,8 @@ def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:
         "engine": engine.name, "engine_version": engine.version,
         "chat_template_sha256": renderer.template_sha256 if renderer else None,
         "envs": {e.env: {"config": e.config, "tasks": len(e.tasks), "verifier_module": e.verifier.name,
-                         "verifier_sha256": e.verifier.sha256} for e in envs},
+                         "verifier_sha256": e.verifier.sha256, "env_repo": e.repo, "env_revision": e.revision}
+                 for e in envs},
         "split": config.split, "n": config.n, "rows": writer.rows_written,
         "shards": [p.name for p in writer.shards()],
         "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),

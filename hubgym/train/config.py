@@ -16,6 +16,8 @@ from typing import Any, Iterator, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hubgym.errors import HubgymError
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -44,8 +46,8 @@ class Online(Section):
 
 
 class Sampling(Section):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of online rollouts")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of online rollouts")
     max_tokens: int = Field(16, ge=1, description="tokens per turn")
 
 
@@ -77,12 +79,12 @@ class Batch(Section):
 
 
 class Optim(Section):
-    lr: float = Field(2e-3, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
+    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (constant)")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage")
     bf16: Literal["auto", "true", "false"] = Field("auto", description="bf16 where supported ('auto')")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
 
 
 class Eval(Section):
@@ -90,14 +92,14 @@ class Eval(Section):
     split: str = Field("test", description="held-out split")
     limit: int = Field(32, ge=1, description="tasks per env")
     n: int = Field(4, ge=1, description="samples per task (pass@k uses them)")
-    temperature: float = Field(1.0, ge=0)
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of evaluation rollouts")
 
 
 class Log(Section):
     every: int = Field(1, ge=1, description="console table every K steps")
-    trackio: bool = False
-    tensorboard: bool = False
-    wandb: bool = False
+    trackio: bool = Field(False, description="also log to trackio (pip install trackio)")
+    tensorboard: bool = Field(False, description="also log to TensorBoard (OUT/tensorboard)")
+    wandb: bool = Field(False, description="also log to Weights & Biases (pip install wandb)")
 
 
 class TrainConfig(Section):
@@ -105,9 +107,9 @@ class TrainConfig(Section):
     output_dir: str = Field("runs/train", description="checkpoints, shards, metrics, plots")
     envs: list[EnvMix] = Field(default_factory=lambda: [EnvMix(name="arithmetic:tiny")],
                                description="envs for online rollouts and evaluation, with mixture weights")
-    seed: int = 0
+    seed: int = Field(0, description="seeds sampling, task draws, DeepSpeed and the stream")
     checkpoint_every: int = Field(0, ge=0, description="save every K steps (0 = only at the end)")
-    keep_checkpoints: int = Field(2, ge=1)
+    keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (oldest deleted)")
     offline: Offline = Field(default_factory=Offline)
     online: Online = Field(default_factory=Online)
     sampling: Sampling = Field(default_factory=Sampling)
@@ -123,7 +125,7 @@ class TrainConfig(Section):
         return self.offline.steps + self.online.steps
 
 
-class ConfigError(ValueError):
+class ConfigError(HubgymError, ValueError):
     """A config file or override that cannot be used; the message says which key and how to fix it."""
 
 

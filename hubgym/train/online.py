@@ -39,8 +39,8 @@ class MixEnv:
 
 class OnlineProducer:
     def __init__(self, envs: list[tuple[str, float]], *, split: str, model: str, out_dir: str | Path, n: int,
-                 sampling: SamplingArgs, max_model_len: int, seed: int = 0):
-        self.envs = [MixEnv(load_env_tasks(spec, split, None), weight, spec) for spec, weight in envs]
+                 sampling: SamplingArgs, max_model_len: int, seed: int = 0, hub: str | None = None, trust: bool = False):
+        self.envs = [MixEnv(load_env_tasks(spec, split, None, hub=hub, trust=trust), weight, spec) for spec, weight in envs]
         self.split, self.model, self.out_dir, self.n = split, model, Path(out_dir), n
         self.sampling, self.max_model_len, self.seed = sampling, max_model_len, seed
 
@@ -89,7 +89,8 @@ class OnlineProducer:
         async def one(env: MixEnv, task: dict) -> list[dict[str, Any]]:
             ctx = LoopContext(engine, renderer, config.sampling, env.tasks.verifier, config.max_model_len)
             trajs = await run_group(task, config.n, ctx)
-            return [to_row(t, env.tasks.verifier, run_id, config, engine, renderer) for t in trajs]
+            return [to_row(t, env.tasks.verifier, run_id, config, engine, renderer, env.tasks.repo, env.tasks.revision)
+                    for t in trajs]
 
         groups = await asyncio.gather(*(one(env, task) for env, task in picks))
         return [row for group in groups for row in group]
