@@ -1,12 +1,12 @@
 """Fresh rollouts of the policy being trained: the live producer of the online phase.
 
-Each call to `produce(version, groups)` draws tasks from the env mixture (seeded, without
+Each call to `produce(engine, renderer, step, version, groups)` draws tasks from the env mixture (seeded, without
 repeats within a step), samples one GRPO group per task with the vLLM engine that serves the
-current weights, scores the rows, and writes them as shards under `OUT/v<version>/` before
+current weights, scores the rows, and writes them as shards under `OUT/step-<step>/` before
 handing them to the trainer. So the online data is on disk (and can go to the Hub) exactly like
 any other rollout run, with `policy_version` in every row.
 
-Resume: if `OUT/v<version>/` already holds a complete step (its manifest lists all rows), the
+Resume: if `OUT/step-<step>/` already holds a complete step (its manifest lists all rows), the
 stored rows are returned instead of sampling again, so a resumed run trains on the very same
 batches as the run that was killed.
 """
@@ -44,13 +44,13 @@ class OnlineProducer:
         self.split, self.model, self.out_dir, self.n = split, model, Path(out_dir), n
         self.sampling, self.max_model_len, self.seed = sampling, max_model_len, seed
 
-    def pick(self, version: int, groups: int) -> list[tuple[MixEnv, dict]]:
+    def pick(self, step: int, groups: int) -> list[tuple[MixEnv, dict]]:
         """Tasks for one step: groups split across envs by weight, no task twice in a step.
 
-        The draw depends only on (seed, version), not on an RNG carried across steps, so a resumed
+        The draw depends only on (seed, step), not on an RNG carried across steps, so a resumed
         run draws the same tasks with no state to checkpoint.
         """
-        rng = random.Random(f"{self.seed}:{version}")
+        rng = random.Random(f"{self.seed}:{step}")
         chosen_envs = rng.choices(self.envs, weights=[e.weight for e in self.envs], k=groups)
         picks: list[tuple[MixEnv, dict]] = []
         for env in self.envs:
@@ -60,27 +60,28 @@ class OnlineProducer:
             picks += [(env, env.tasks.tasks[i]) for i in indices]
         return picks
 
-    def rollout_config(self, version: int) -> RolloutConfig:
-        return RolloutConfig(envs=[e.spec for e in self.envs], model=self.model, out=str(self.step_dir(version)),
+    def rollout_config(self, step: int, version: int) -> RolloutConfig:
+        return RolloutConfig(envs=[e.spec for e in self.envs], model=self.model, out=str(self.step_dir(step)),
                              n=self.n, split=self.split, policy_version=version, max_model_len=self.max_model_len,
-                             sampling=SamplingArgs(**{**self.sampling.to_dict(), "seed": self.seed + version}))
+                             sampling=SamplingArgs(**{**self.sampling.to_dict(), "seed": self.seed + step}))
 
-    def step_dir(self, version: int) -> Path:
-        return self.out_dir / f"v{version:05d}"
+    def step_dir(self, step: int) -> Path:
+        return self.out_dir / f"step-{step:06d}"
 
-    def produce(self, engine: Engine, renderer: ChatRenderer, version: int, groups: int) -> list[dict[str, Any]]:
-        """One step's rows (a list of complete groups), sampled now or read back after a resume."""
-        stored = self._stored(version)
+    def produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
+                groups: int) -> list[dict[str, Any]]:
+        """One step's rows (complete groups) sampled by policy `version`, or read back after a resume."""
+        stored = self._stored(step)
         if stored is not None:
             return stored
-        shutil.rmtree(self.step_dir(version), ignore_errors=True)  # a step killed before its manifest: redo it whole
-        config, picks = self.rollout_config(version), self.pick(version, groups)
+        shutil.rmtree(self.step_dir(step), ignore_errors=True)  # a step killed before its manifest: redo it whole
+        config, picks = self.rollout_config(step, version), self.pick(step, groups)
         run_id = config.run_id()
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
         writer = ShardWriter(config.out, worker_name(0, 1), max_rows=max(len(rows), 1))
         writer.add_group(rows)
         writer.flush()
-        writer.write_manifest({"run_id": run_id, "policy_version": version, "rows": len(rows), "complete": True,
+        writer.write_manifest({"run_id": run_id, "step": step, "policy_version": version, "rows": len(rows), "complete": True,
                                "model": self.model, "sampling": config.sampling.to_dict(),
                                "envs": sorted({r["env"] for r in rows}), "shards": [p.name for p in writer.shards()]})
         return rows
@@ -95,8 +96,8 @@ class OnlineProducer:
         groups = await asyncio.gather(*(one(env, task) for env, task in picks))
         return [row for group in groups for row in group]
 
-    def _stored(self, version: int) -> list[dict[str, Any]] | None:
-        folder = self.step_dir(version)
+    def _stored(self, step: int) -> list[dict[str, Any]] | None:
+        folder = self.step_dir(step)
         manifest = folder / f"manifest-{worker_name(0, 1)}.json"
         if not manifest.exists() or not json.loads(manifest.read_text()).get("complete"):
             return None

@@ -1,0 +1,66 @@
+"""Numbers about rollouts, for the training log: per-env metrics of a step's rows, and held-out evaluation.
+
+`env_metrics(rows)` summarizes the rows a step sampled or read (reward and its components,
+success, parse failures, truncation, empty replies, tokens) under `env/<env>/...`.
+`evaluate(...)` samples each env's held-out split with the engine serving the current weights,
+writes the rows as a normal rollout run (so `hubgym report` reads them), and returns
+`eval/<env>/{reward, pass@1, pass@k}`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from hubgym.rollout.engines import SamplingArgs
+
+
+def _metric(row: dict[str, Any], name: str) -> float | None:
+    for m in row.get("metrics") or []:
+        if m["name"] == name:
+            return m["value"]
+    return None
+
+
+def env_metrics(rows: list[dict[str, Any]], prefix: str = "env") -> dict[str, float]:
+    by_env: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_env[row["env"]].append(row)
+    out: dict[str, float] = {}
+    for env, env_rows in by_env.items():
+        scored = [r for r in env_rows if r.get("reward") is not None]
+        key = f"{prefix}/{env}"
+        out[f"{key}/rollouts"] = len(env_rows)
+        out[f"{key}/reward"] = sum(r["reward"] for r in scored) / len(scored) if scored else float("nan")
+        components = {m["name"] for r in scored for m in r.get("metrics") or [] if m["name"].startswith("reward/")}
+        for name in sorted(components):
+            values = [v for r in scored if (v := _metric(r, name)) is not None]
+            out[f"{key}/{name}"] = sum(values) / len(values) if values else float("nan")
+        out[f"{key}/success"] = sum((_metric(r, "success") or 0.0) for r in env_rows) / len(env_rows)
+        out[f"{key}/parse_failures"] = sum((_metric(r, "loop/parse_errors") or 0) > 0 for r in env_rows) / len(env_rows)
+        out[f"{key}/truncated"] = sum(bool(r.get("truncated")) for r in env_rows) / len(env_rows)
+        out[f"{key}/empty"] = sum((_metric(r, "loop/empty_responses") or 0) > 0 for r in env_rows) / len(env_rows)
+        out[f"{key}/errors"] = sum(r.get("error") is not None for r in env_rows) / len(env_rows)
+        out[f"{key}/tokens"] = sum(sum(r.get("completion_mask") or []) for r in env_rows)
+    return out
+
+
+def evaluate(engine, envs: list[str], *, model: str, out: Path, step: int, split: str, limit: int, n: int,
+             temperature: float, max_tokens: int, seed: int, max_model_len: int, hub: str | None = None,
+             trust: bool = False) -> dict[str, float]:
+    """Sample the held-out split of each env with the current weights; eval/<env>/* metrics."""
+    from hubgym.rollout.report import scan_rollouts, summarize
+    from hubgym.rollout.run import RolloutConfig, run_rollouts
+
+    config = RolloutConfig(envs=envs, model=model, out=str(out / f"step-{step:06d}"), n=n, limit=limit, split=split,
+                           sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
+                           policy_version=step, max_model_len=max_model_len, hub=hub, trust=trust)
+    run_rollouts(config, engine=engine, progress=False)
+    table = summarize(scan_rollouts([config.out]))
+    metrics: dict[str, float] = {}
+    for row in table.iter_rows(named=True):
+        for name in ("mean_reward", "pass@1", "pass@k", "truncated"):
+            label = "reward" if name == "mean_reward" else name
+            metrics[f"eval/{row['env']}/{label}"] = row[name]
+    return metrics

@@ -1,0 +1,303 @@
+"""GRPO from the Hub to DeepSpeed: offline on stored rollouts, then online on fresh ones.
+
+    result = Trainer(load_config("train.yaml")).run()
+
+One global step counts optimizer steps. Steps 0..offline.steps-1 read groups from the stored
+rollouts (`offline.sources`: run folders, shard files or hub refs), cycling over them; the
+remaining `online.steps` sample fresh groups of the current policy with vLLM (weights synced
+into the engine every `online.sync_every` steps, `policy_version` = the step of the synced
+weights) and, per `online.offline_fraction`, mix in stored groups. Both go through the same
+GroupStream -> pack_step -> Policy.train_step path.
+
+Evaluation runs on each env's held-out split before training, every `eval.every` steps, and
+after. A checkpoint (weights, optimizer, stream position, RNG) is written every
+`checkpoint_every` steps and at the end; re-running the same config resumes from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+from rich.console import Console
+
+from hubgym.train.config import TrainConfig
+from hubgym.train.groups import Group, GroupSettings, GroupStream
+from hubgym.train.loss import LossSettings, make_loss_fn
+from hubgym.train.metrics import MetricsLog
+from hubgym.train.packing import pack_step
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    before: dict[str, float]  # eval metrics before training (empty on a resumed run)
+    after: dict[str, float]
+    model_dir: Path  # the exported Hugging Face folder
+    metrics_file: Path
+    plot: Path | None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, console: Console | None = None, engine=None, hub: str | None = None,
+                 trust: bool = False):
+        self.cfg, self.console, self.hub, self.trust = cfg, console or Console(), hub, trust
+        self.out = Path(cfg.output_dir)
+        self._engine = engine
+        self.offline_used = 0  # groups taken from the offline stream so far (the stream position)
+        self.counts: dict[str, int] = {}
+
+    # -- setup ------------------------------------------------------------------------------------
+
+    def model_dir(self) -> str:
+        if self.cfg.model == "tiny":
+            from hubgym.rollout.tiny_model import default_tiny_model
+
+            return str(default_tiny_model())
+        return self.cfg.model
+
+    def engine(self):
+        """The vLLM engine serving the current weights (started on first use, restarted if it died)."""
+        if self._engine is None:
+            from hubgym.rollout.engines import VLLMEngine
+            from hubgym.train.sync import SYNC_ENGINE_ARGS
+
+            with _without_rendezvous_env():
+                self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len,
+                                          seed=self.cfg.seed, **SYNC_ENGINE_ARGS)
+            self._engine.policy_version = 0
+        return self._engine
+
+    def group_settings(self) -> GroupSettings:
+        g = self.cfg.grpo
+        return GroupSettings(n=g.n, advantage=g.advantage, zero_variance=g.zero_variance,
+                             zero_variance_weight=g.zero_variance_weight, short_groups=g.short_groups,
+                             truncated=g.truncated, strict=g.strict, buffer_groups=self.cfg.batch.buffer_groups)
+
+    def env_weights(self) -> dict[str, float]:
+        """Mixture weights by env name (the names rows carry), from the `envs` specs."""
+        from hubgym.rollout.run import load_env_tasks
+
+        names = {}
+        for mix in self.cfg.envs:
+            env = load_env_tasks(mix.name, self.cfg.eval.split, 1, hub=self.hub, trust=self.trust).env
+            names[env] = mix.weight
+        return names
+
+    # -- the run ----------------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        from hubgym.train.checkpoint import load_checkpoint
+        from hubgym.train.engine import OptimSettings, Policy
+
+        cfg = self.cfg
+        o = cfg.optim
+        self.policy = Policy(self.model_dir(), OptimSettings(lr=o.lr, weight_decay=o.weight_decay,
+                             max_grad_norm=o.max_grad_norm, zero_stage=o.zero_stage, bf16=o.bf16,
+                             gradient_checkpointing=o.gradient_checkpointing, seed=cfg.seed))
+        self.weights = self.env_weights()
+        log = MetricsLog(self.out, console=self.console if self.policy.rank == 0 else None, every=cfg.log.every,
+                         backends=[b for b in ("trackio", "tensorboard", "wandb") if getattr(cfg.log, b)],
+                         config=cfg.model_dump())
+        client = load_checkpoint(self.policy, self.out / "checkpoints")
+        start = client["step"] + 1 if client else 0
+        self.offline_used = client["stream"]["offline_groups"] if client else 0
+        offline = self._offline_groups(skip=self.offline_used)
+        if start > 0:  # resumed: the engine serves the checkpoint's weights (version = steps taken)
+            self._sync(start)
+        before = self._evaluate(0, log) if start == 0 else {}
+        producer = self._producer() if cfg.online.steps else None
+        for step in range(start, cfg.total_steps):
+            started = time.perf_counter()
+            groups, rows = self._step_groups(step, offline, producer)
+            metrics = self._train(step, groups, rows, started)
+            log.log(step, metrics)
+            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.total_steps:
+                self._sync(step + 1)
+                self._evaluate(step + 1, log)
+            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+                self._checkpoint(step)
+        steps = cfg.total_steps
+        if start < steps:
+            self._checkpoint(steps - 1)
+        exported = self.policy.export_hf(self.out / "model")
+        self._sync(steps)
+        after = self._evaluate(steps, log)
+        plot = log.close()
+        self.counts.update(self.stream_counts)
+        return TrainResult(steps, before, after, exported, log.path, plot, dict(self.counts))
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    def _step_groups(self, step: int, offline: Iterator[Group], producer) -> tuple[list[Group], list[dict]]:
+        """This step's groups and every row sampled or read for it (the rows feed the env metrics)."""
+        cfg, wanted = self.cfg, self.cfg.batch.groups_per_step
+        if step < cfg.offline.steps:
+            groups = self._take(offline, wanted)
+            return groups, [r for g in groups for r in g.rows]
+        from_store = round(wanted * cfg.online.offline_fraction) if cfg.offline.sources else 0
+        if (step - cfg.offline.steps) % cfg.online.sync_every == 0:
+            self._sync(step)
+        rows = self._produce(producer, step, wanted - from_store) if self.policy.rank == 0 else []
+        rows = _broadcast(rows, self.policy.world_size)
+        stream = GroupStream([rows], self.group_settings(), self.weights, seed=cfg.seed + step)
+        fresh = list(stream)
+        self._count(stream.counts)
+        return fresh + self._take(offline, from_store), rows
+
+    def _produce(self, producer, step: int, groups: int) -> list[dict]:
+        """Fresh rows from the engine; a dead engine is restarted once with the current weights."""
+        from hubgym.errors import EngineError
+        from hubgym.rollout.tokens import ChatRenderer
+
+        engine = self.engine()
+        try:
+            return producer.produce(engine, ChatRenderer(engine.tokenizer), step, engine.policy_version, groups)
+        except EngineError as exc:
+            self.console.print(f"[yellow]vLLM engine failed ({exc}); restarting it with the current weights")
+            self.close()
+            self._sync(step)
+            self._count({"engine_restarts": 1})
+            engine = self.engine()
+            return producer.produce(engine, ChatRenderer(engine.tokenizer), step, engine.policy_version, groups)
+
+    def _train(self, step: int, groups: list[Group], rows: list[dict], started: float) -> dict[str, Any]:
+        from hubgym.train.evaluate import env_metrics
+
+        cfg = self.cfg
+        metrics: dict[str, Any] = env_metrics(rows)
+        metrics["train/groups"] = len(groups)
+        metrics["train/phase"] = 0 if step < cfg.offline.steps else 1
+        if not groups:  # every group was zero-variance or short: nothing to learn from at this step
+            metrics["train/empty_step"] = 1
+            return metrics
+        loss_cfg = LossSettings(variant=cfg.loss.variant, epsilon_low=cfg.loss.epsilon_low,
+                                epsilon_high=cfg.loss.epsilon_high, beta=cfg.loss.beta, is_cap=cfg.loss.is_cap,
+                                max_staleness=cfg.loss.max_staleness, dr_grpo_length=cfg.sampling.max_tokens,
+                                current_version=step)
+        shares = pack_step(groups, cfg.batch.micro_batch_tokens, self.policy.world_size)
+        stats = self.policy.train_step(shares[self.policy.rank], make_loss_fn(loss_cfg))
+        seconds = time.perf_counter() - started
+        metrics.update(stats.metrics)
+        metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "policy/lr": stats.lr,
+                        "policy/skipped": float(stats.skipped), "time/step_s": seconds,
+                        "time/train_s": stats.seconds, "time/tokens_per_s": stats.tokens / max(stats.seconds, 1e-9)})
+        if stats.skipped:
+            self.console.print(f"[red]step {step}: non-finite loss; the update was skipped (weights unchanged)")
+            self._count({"skipped_steps": 1})
+        return metrics
+
+    # -- pieces -----------------------------------------------------------------------------------
+
+    def _offline_groups(self, skip: int) -> Iterator[Group]:
+        """Stored groups, cycling over the sources (a new seeded order each pass); `skip` resumes."""
+        sources = self.cfg.offline.sources
+        self.stream_counts: dict[str, int] = {}
+
+        def groups() -> Iterator[Group]:
+            from hubgym.hub.rollouts import iter_rollout_rows
+
+            epoch = 0
+            while sources:
+                stream = GroupStream([iter_rollout_rows([s], hub=self.hub) for s in sources], self.group_settings(),
+                                     self.weights, seed=self.cfg.seed + epoch)
+                produced = False
+                for group in stream:
+                    produced = True
+                    yield group
+                for key, value in stream.counts.items():
+                    self.stream_counts[f"offline/{key}"] = self.stream_counts.get(f"offline/{key}", 0) + value
+                if not produced:
+                    raise ValueError(f"the offline sources {sources} hold no trainable group (all rows skipped, "
+                                     f"zero-variance or short); see the counts: {stream.counts}")
+                epoch += 1
+
+        iterator = groups()
+        for _ in range(skip):
+            next(iterator)
+        return iterator
+
+    def _take(self, offline: Iterator[Group], count: int) -> list[Group]:
+        if count <= 0 or not self.cfg.offline.sources:
+            return []
+        taken = [next(offline) for _ in range(count)]
+        self.offline_used += len(taken)
+        return taken
+
+    def _producer(self):
+        from hubgym.rollout.engines import SamplingArgs
+        from hubgym.train.online import OnlineProducer
+
+        s = self.cfg.sampling
+        return OnlineProducer([(m.name, m.weight) for m in self.cfg.envs], split=self.cfg.online.split,
+                              model=self.model_dir(), out_dir=self.out / "online", n=self.cfg.grpo.n,
+                              sampling=SamplingArgs(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
+                                                    seed=self.cfg.seed),
+                              max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed, hub=self.hub,
+                              trust=self.trust)
+
+    def _sync(self, version: int) -> None:
+        from hubgym.train.sync import sync_weights
+
+        state = self.policy.full_state_dict()
+        if self.policy.rank == 0:
+            seconds = sync_weights(self.engine(), state, version, self.out / "sync")
+            self._count({"weight_syncs": 1})
+            self.last_sync_s = seconds
+
+
+    def _evaluate(self, step: int, log: MetricsLog) -> dict[str, float]:
+        from hubgym.train.evaluate import evaluate
+
+        if self.policy.rank != 0:
+            return {}
+        e = self.cfg.eval
+        metrics = evaluate(self.engine(), [m.name for m in self.cfg.envs], model=self.model_dir(),
+                           out=self.out / "eval", step=step, split=e.split, limit=e.limit, n=e.n,
+                           temperature=e.temperature, max_tokens=self.cfg.sampling.max_tokens, seed=self.cfg.seed,
+                           max_model_len=self.cfg.online.max_model_len, hub=self.hub, trust=self.trust)
+        log.log(step, metrics)
+        return metrics
+
+    def _checkpoint(self, step: int) -> None:
+        from hubgym.train.checkpoint import save_checkpoint
+
+        save_checkpoint(self.policy, self.out / "checkpoints", step, {"offline_groups": self.offline_used},
+                        keep=self.cfg.keep_checkpoints)
+
+    def _count(self, counts: dict[str, int]) -> None:
+        for key, value in counts.items():
+            self.counts[key] = self.counts.get(key, 0) + value
+
+
+def _broadcast(rows: list[dict], world_size: int) -> list[dict]:
+    """Rank 0's rows on every rank (only rank 0 runs vLLM)."""
+    if world_size == 1:
+        return rows
+    import torch
+
+    box = [rows]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+@contextlib.contextmanager
+def _without_rendezvous_env() -> Iterator[None]:
+    """vLLM's engine process would read the trainer's RANK/MASTER_PORT and collide with its process group."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+             "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
