@@ -75,6 +75,8 @@ class VLLMEngine:
     name, token_in = "vllm", True
 
     def __init__(self, model: str, *, max_model_len: int = 1024, seed: int = 0, **engine_args: Any):
+        # vLLM's CPU backend otherwise reserves most of the machine's memory for KV cache (GiB; ignored on GPUs).
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         import vllm
 
         self.model, self.max_model_len, self.version = model, max_model_len, vllm.__version__
@@ -98,8 +100,11 @@ class VLLMEngine:
     async def _flush(self) -> None:
         """Let every ready trajectory enqueue, then run the whole queue as one batch; repeat."""
         while self._queue:
-            for _ in range(3):
+            quiet = 0
+            while quiet < 3:  # until 3 event-loop rounds add no request: every ready trajectory is in
+                size = len(self._queue)
                 await asyncio.sleep(0)
+                quiet = quiet + 1 if len(self._queue) == size else 0
             batch, self._queue = self._queue, []
             try:
                 results = await asyncio.to_thread(self._generate_isolated, [(r, s) for r, s, _ in batch])

@@ -128,7 +128,7 @@ class Policy:
         self._set_lr(lr)
         grad_norm = self.engine.get_global_grad_norm()
         grad_norm = float(grad_norm) if grad_norm is not None else None
-        return StepStats(loss=self._sum_ranks(total), grad_norm=None if skipped else grad_norm, lr=lr, tokens=tokens,
+        return StepStats(loss=float("nan") if skipped else self._sum_ranks(total), grad_norm=None if skipped else grad_norm, lr=lr, tokens=tokens,
                          micro_batches=len(micro_batches), skipped=skipped, seconds=time.perf_counter() - started,
                          metrics={k: _reduce(k, v) for k, v in merged.items()})
 

@@ -94,6 +94,7 @@ class GroupStream:
         self.counts: Counter[str] = Counter()
         self._pending: OrderedDict[str, list[dict]] = OrderedDict()  # incomplete groups, oldest first
         self._ready: dict[str, deque[Group]] = {}
+        self._known: set[str] = set()  # envs seen in the rows so far
 
     def __iter__(self) -> Iterator[Group]:
         while True:
@@ -103,20 +104,36 @@ class GroupStream:
             yield group
 
     def next_group(self) -> Group | None:
-        """The next complete group (env drawn by weight among the ready ones), or None at the end."""
-        while not self._ready_envs() and self.sources:
-            self._pull_round()
-        envs = self._ready_envs()
-        if not envs:
-            for key in list(self._pending):  # every source ended: what is left is short
-                self._close(key)
-            envs = self._ready_envs()
-            if not envs:
+        """The next complete group, its env drawn by weight (seeded), or None when every source is done.
+
+        The env is drawn first, then rows are read until that env has a ready group, so the mixture
+        holds whatever the order of the rows; reading ahead stops at `buffer_groups` ready groups.
+        """
+        while True:
+            if not self._known and self.sources:
+                self._pull_round()
+                continue
+            candidates = sorted(e for e in self._known if self._ready.get(e) or self.sources or self._pending)
+            if not candidates:
                 return None
-        weights = [self.env_weights.get(e, 1.0) if self.env_weights else 1.0 for e in envs]
-        env = self.rng.choices(envs, weights=weights)[0]
-        self.counts["groups"] += 1
-        return self._ready[env].popleft()
+            weights = [self.env_weights.get(e, 1.0) if self.env_weights else 1.0 for e in candidates]
+            env = self.rng.choices(candidates, weights=weights)[0]
+            while not self._ready.get(env) and self.sources and self._ready_total() < self.settings.buffer_groups:
+                self._pull_round()
+            if not self._ready.get(env) and not self.sources:
+                for key in list(self._pending):  # every source ended: what is left is short
+                    self._close(key)
+            if not self._ready.get(env):
+                if self.sources:  # read-ahead limit hit: serve a ready env instead
+                    env = self.rng.choices(self._ready_envs())[0]
+                else:
+                    self._known.discard(env)
+                    continue
+            self.counts["groups"] += 1
+            return self._ready[env].popleft()
+
+    def _ready_total(self) -> int:
+        return sum(len(q) for q in self._ready.values())
 
     def _ready_envs(self) -> list[str]:
         return sorted(e for e, q in self._ready.items() if q)
@@ -141,6 +158,7 @@ class GroupStream:
             self._bad(row, bad, f"{bad} is unusable (error, missing reward, or a token record whose lengths "
                                 f"disagree / is not prefix-consistent)")
             return
+        self._known.add(env)
         key = row["group"]
         rows = self._pending.setdefault(key, [])
         rows.append(row)
