@@ -273,3 +273,6 @@ def report(results: list, show_table: bool = True) -> None:
 def main() -> None:
     """Console-script entry point (`hubgym`)."""
     app()
+
+
+from hubgym import cli_train as _cli_train  # noqa: E402,F401  (registers push-rollouts, score, train)

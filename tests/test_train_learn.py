@@ -38,6 +38,10 @@ def test_online_grpo_raises_the_reward_well_beyond_noise(tiny_model, tmp_path):
     assert (result.model_dir / "model.safetensors").exists()
     ratios = [json.loads(line)["policy/is_ratio_mean"] for line in history]
     assert abs(sum(ratios) / len(ratios) - 1.0) < 0.02  # fresh data: vLLM's logprobs are the trainer's
-    versions = [max(r["provenance"]["policy_version"] for r in iter_rollout_rows([step]))
-                for step in sorted((tmp_path / "online").glob("step-*"))]
+    by_step: dict[str, int] = {}  # run id -> policy_version (each step is its own run id)
+    for row in iter_rollout_rows([tmp_path / "online"]):
+        by_step.setdefault(row["run_id"], row["provenance"]["policy_version"])
+    manifests = sorted((tmp_path / "online").glob("manifest-step*.json"))
+    versions = [json.loads(m.read_text())["policy_version"] for m in manifests]
+    assert sorted(by_step.values()) == sorted(versions)  # every row carries its step's policy_version
     assert versions == sorted(versions) and versions[-1] == 99  # policy_version rises with the synced weights

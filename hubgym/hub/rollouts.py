@@ -181,9 +181,9 @@ def rollout_shards(source: str | Path, *, hub: HubBackend | str | os.PathLike | 
     return files
 
 
-def iter_rollout_rows(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
-                      skip_bad: bool = False, counts: dict | None = None) -> Iterator[dict[str, Any]]:
-    """Rows of every source, one record batch at a time (memory stays bounded by one batch)."""
+def iter_rollout_batches(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
+                         skip_bad: bool = False, counts: dict | None = None) -> Iterator[pa.RecordBatch]:
+    """Record batches of every source's shards, in order; a bad shard raises ShardError (or is skipped and counted)."""
     for source in sources:
         for path in rollout_shards(source, hub=hub):
             try:
@@ -191,9 +191,26 @@ def iter_rollout_rows(sources: list[str | Path], *, hub: HubBackend | str | os.P
                 with pa.memory_map(str(path)) as mm:
                     reader = pa.ipc.open_file(mm)
                     for i in range(reader.num_record_batches):
-                        yield from reader.get_batch(i).to_pylist()
+                        yield reader.get_batch(i)
             except ShardError:
                 if not skip_bad:
                     raise
                 if counts is not None:
                     counts["bad_shards"] = counts.get("bad_shards", 0) + 1
+
+
+def iter_rollout_rows(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
+                      skip_bad: bool = False, counts: dict | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of every source, one record batch at a time (memory stays bounded by one batch).
+
+    `info` (a JSON column) comes back as the dict it was, as `datasets` decodes it.
+    """
+    for batch in iter_rollout_batches(sources, hub=hub, skip_bad=skip_bad, counts=counts):
+        for row in batch.to_pylist():
+            yield decode_row(row)
+
+
+def decode_row(row: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(row.get("info"), str):
+        row["info"] = json.loads(row["info"])
+    return row

@@ -36,12 +36,12 @@ class Offline(Section):
 
 class Online(Section):
     steps: int = Field(0, ge=0, description="optimizer steps on fresh rollouts of the policy (phase 2)")
-    tasks_per_step: int = Field(8, ge=1, description="tasks sampled per step; each gives one group of grpo.n rollouts")
     sync_every: int = Field(1, ge=1, description="sync trained weights into vLLM every K steps")
     offline_fraction: float = Field(0.0, ge=0, le=1, description="share of each online step's groups drawn from the "
                                     "offline sources (the mix schedule; 0 = only fresh rollouts)")
     split: str = Field("train", description="split the online tasks come from")
-    push: str | None = Field(None, description="also push each online shard set to this rollout repo")
+    push: str | None = Field(None, description="also push the online rollouts (OUT/online) to this rollout repo, "
+                             "as config 'online', at every checkpoint and at the end")
     max_model_len: int = Field(1024, ge=16, description="vLLM context length")
 
 
@@ -73,7 +73,7 @@ class Loss(Section):
 
 
 class Batch(Section):
-    groups_per_step: int = Field(8, ge=1, description="GRPO groups per optimizer step (global batch)")
+    groups_per_step: int = Field(8, ge=1, description="GRPO groups per optimizer step (global batch); online: tasks sampled per step")
     micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one micro-batch (padding included)")
     buffer_groups: int = Field(256, ge=1, description="incomplete groups held while streaming (memory bound)")
 

@@ -2,11 +2,11 @@
 
 Each call to `produce(engine, renderer, step, version, groups)` draws tasks from the env mixture (seeded, without
 repeats within a step), samples one GRPO group per task with the vLLM engine that serves the
-current weights, scores the rows, and writes them as shards under `OUT/step-<step>/` before
+current weights, scores the rows, and writes them as shards of one run folder OUT (step k writes as worker `step<k>`) before
 handing them to the trainer. So the online data is on disk (and can go to the Hub) exactly like
 any other rollout run, with `policy_version` in every row.
 
-Resume: if `OUT/step-<step>/` already holds a complete step (its manifest lists all rows), the
+Resume: if OUT already holds a complete step (its manifest says so), the
 stored rows are returned instead of sampling again, so a resumed run trains on the very same
 batches as the run that was killed.
 """
@@ -16,18 +16,17 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 
+from hubgym.hub.rollouts import iter_rollout_rows
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
 from hubgym.rollout.run import EnvTasks, RolloutConfig, load_env_tasks, to_row
 from hubgym.rollout.tokens import ChatRenderer
-from hubgym.rollout.writer import ShardWriter, worker_name
+from hubgym.rollout.writer import ShardWriter
 
 
 @dataclass
@@ -61,12 +60,14 @@ class OnlineProducer:
         return picks
 
     def rollout_config(self, step: int, version: int) -> RolloutConfig:
-        return RolloutConfig(envs=[e.spec for e in self.envs], model=self.model, out=str(self.step_dir(step)),
+        return RolloutConfig(envs=[e.spec for e in self.envs], model=self.model, out=str(self.out_dir),
                              n=self.n, split=self.split, policy_version=version, max_model_len=self.max_model_len,
                              sampling=SamplingArgs(**{**self.sampling.to_dict(), "seed": self.seed + step}))
 
-    def step_dir(self, step: int) -> Path:
-        return self.out_dir / f"step-{step:06d}"
+    @staticmethod
+    def worker(step: int) -> str:
+        """Each step writes as its own "worker" of one run folder, so OUT is a normal rollout run."""
+        return f"step{step:06d}"
 
     def produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
                 groups: int) -> list[dict[str, Any]]:
@@ -74,11 +75,12 @@ class OnlineProducer:
         stored = self._stored(step)
         if stored is not None:
             return stored
-        shutil.rmtree(self.step_dir(step), ignore_errors=True)  # a step killed before its manifest: redo it whole
+        for stale in (self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"):  # killed before its manifest
+            stale.unlink()
         config, picks = self.rollout_config(step, version), self.pick(step, groups)
         run_id = config.run_id()
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
-        writer = ShardWriter(config.out, worker_name(0, 1), max_rows=max(len(rows), 1))
+        writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1))
         writer.add_group(rows)
         writer.flush()
         writer.write_manifest({"run_id": run_id, "step": step, "policy_version": version, "rows": len(rows), "complete": True,
@@ -97,9 +99,8 @@ class OnlineProducer:
         return [row for group in groups for row in group]
 
     def _stored(self, step: int) -> list[dict[str, Any]] | None:
-        folder = self.step_dir(step)
-        manifest = folder / f"manifest-{worker_name(0, 1)}.json"
+        manifest = self.out_dir / f"manifest-{self.worker(step)}.json"
         if not manifest.exists() or not json.loads(manifest.read_text()).get("complete"):
             return None
-        tables = [pa.ipc.open_file(pa.memory_map(str(p))).read_all() for p in sorted((folder / "shards").glob("*.arrow"))]
-        return [row for t in tables for row in t.to_pylist()]
+        shards = sorted((self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"))
+        return list(iter_rollout_rows(shards))

@@ -274,6 +274,10 @@ class Trainer:
 
         save_checkpoint(self.policy, self.out / "checkpoints", step, {"offline_groups": self.offline_used},
                         keep=self.cfg.keep_checkpoints)
+        if self.cfg.online.push and self.policy.rank == 0 and (self.out / "online" / "shards").exists():
+            from hubgym.hub.rollouts import push_rollouts
+
+            push_rollouts(self.out / "online", self.cfg.online.push, hub=self.hub, name="online")
 
     def _count(self, counts: dict[str, int]) -> None:
         for key, value in counts.items():

@@ -1,0 +1,11 @@
+"""Score: re-score stored rollouts with any verifier version, and compare the rewards.
+
+    result = rescore(["runs/r1"], verifier="my_envs/arith_v2.py", out="runs/r1-v2")
+    result.diff                                  # per env and component: rows whose reward changed
+
+No model or tool runs: a stored trajectory holds everything its verifier needs.
+"""
+
+from hubgym.score.rescore import RescoreResult, rescore
+
+__all__ = ["RescoreResult", "rescore"]
