@@ -4,7 +4,7 @@
     hubgym init my_env --dir envs             # scaffold envs/my_env/ that passes `hubgym check` as is
     hubgym build arithmetic --config all      # every config's splits as Parquet under out/arithmetic/
     hubgym check ./envs/my_env                # conformance; exit code 1 when any check fails
-    hubgym demo                               # build and check every built-in env, then summarize
+    hubgym demo                               # the main job: model, envs, hub, rollouts, re-score, GRPO
 
 User errors (an unknown env, a bad name, a builder that breaks the contract) print one red message
 and exit with code 1; a traceback means a bug in hubgym or in the env's code.
@@ -134,27 +134,21 @@ def check(target: Annotated[str, typer.Argument(help="env name, path to an env f
 
 @app.command()
 @user_errors
-def demo(out: Annotated[Path, typer.Option(help="where the built envs are written")] = Path("out/demo"),
+def demo(out: Annotated[Path, typer.Option(help="where everything the job makes is written (wiped first)")]
+         = Path("out/demo"),
          max_rows: Annotated[int, typer.Option(min=1, help="rows per split to check")] = 100,
-         env: Annotated[Optional[list[str]], typer.Option("--env", help="only these envs (repeatable) "
-                                                          "[default: every built-in]")] = None) -> None:
-    """Build every built-in env (first config), check each one, and print the catalog and a summary."""
-    from hubgym.builders.registry import BUILTIN_ENVS
-    from hubgym.catalog import catalog
-    from hubgym.demo import demo_env
+         env: Annotated[Optional[list[str]], typer.Option("--env", help="only check these envs (repeatable) "
+                                                          "[default: every built-in]")] = None,
+         offline_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on the stored rollouts")] = 20,
+         online_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on fresh rollouts")] = 100) -> None:
+    """The main job: tiny model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
+    from hubgym.pipeline import DemoSettings, run_demo
 
-    names = env or list(BUILTIN_ENVS)
-    _console().print(views.catalog_table(catalog(names)))
-    summaries: list[views.EnvSummary] = []
-
-    def one(name: str) -> list:
-        summary, results = demo_env(name, out, max_rows)
-        summaries.append(summary)
-        return results
-
-    results = views.with_progress(_console(), names, one, verb="building and checking")
-    _console().print(views.summary_table(summaries))
-    report(results, show_table=False)
+    settings = DemoSettings(out=out, check_envs=env, max_rows=max_rows, offline_steps=offline_steps,
+                            online_steps=online_steps)
+    report = run_demo(settings, _console())
+    if report.checks_failed:
+        fail(f"{report.checks_failed} conformance checks failed (see above)")
 
 
 class EngineKind(str, Enum):

@@ -30,6 +30,7 @@ class SamplingArgs:
     top_p: float = 1.0
     max_tokens: int = 128  # per turn, unless the task's interaction spec says otherwise
     seed: int = 0  # per-request seeds derive from it, so a run is reproducible
+    regex: str | None = None  # constrain every reply to this regular expression (vLLM structured outputs)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -142,8 +143,13 @@ class VLLMEngine:
         `structured_outputs` to force a format); logprobs=0 returns the sampled token's logprob."""
         from vllm import SamplingParams
 
-        return SamplingParams(n=request.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                              max_tokens=request.max_tokens, seed=request.seed, logprobs=0)
+        params = SamplingParams(n=request.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                max_tokens=request.max_tokens, seed=request.seed, logprobs=0)
+        if sampling.regex:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            params.structured_outputs = StructuredOutputsParams(regex=sampling.regex)
+        return params
 
     def _generate_batch(self, batch: list[tuple[Request, SamplingArgs]]) -> list[list[Sample]]:
         prompts = [{"prompt_token_ids": r.ids} for r, _ in batch]
@@ -235,6 +241,8 @@ class OpenAIEngine:
                 "seed": request.seed, "temperature": sampling.temperature, "top_p": sampling.top_p}
         if self.return_token_ids:
             body["return_token_ids"] = True
+        if sampling.regex:
+            body["structured_outputs"] = {**body.get("structured_outputs", {}), "regex": sampling.regex}
         if self.mode == "chat_tokens":
             body["kv_transfer_params"] = {**body.get("kv_transfer_params", {}), "prompt_token_ids": list(request.ids)}
         return body

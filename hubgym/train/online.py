@@ -83,9 +83,12 @@ class OnlineProducer:
         writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1))
         writer.add_group(rows)
         writer.flush()
-        writer.write_manifest({"run_id": run_id, "step": step, "policy_version": version, "rows": len(rows), "complete": True,
-                               "model": self.model, "sampling": config.sampling.to_dict(),
-                               "envs": sorted({r["env"] for r in rows}), "shards": [p.name for p in writer.shards()]})
+        envs = {e.tasks.env: {"config": e.tasks.config, "tasks": len(e.tasks.tasks),
+                              "verifier_module": e.tasks.verifier.name, "verifier_sha256": e.tasks.verifier.sha256,
+                              "env_repo": e.tasks.repo, "env_revision": e.tasks.revision} for e in self.envs}
+        writer.write_manifest({"run_id": run_id, "step": step, "policy_version": version, "rows": len(rows),
+                               "complete": True, "model": self.model, "sampling": config.sampling.to_dict(),
+                               "envs": envs, "shards": [p.name for p in writer.shards()]})
         return rows
 
     async def _sample(self, engine, renderer, config: RolloutConfig, run_id: str, picks) -> list[dict[str, Any]]:

@@ -1,0 +1,217 @@
+"""The main job (`hubgym demo`): the whole pipeline on one CPU machine, offline, in minutes.
+
+    1 model      make the tiny local model (Qwen2-style, ~0.4M parameters, random weights)
+    2 envs       build and check every built-in env (the conformance suite)
+    3 hub        push the training env to a local hub folder; load it back with `datasets.load_dataset`
+    4 rollouts   sample a "format teacher" with vLLM into Arrow shards (the untrained model, its replies
+                 constrained to `<answer>N</answer>`); push them to the local hub
+    5 re-score   re-score the pushed rollouts from the hub: stored rewards must equal fresh ones
+    6 train      GRPO on DeepSpeed: offline on the pushed rollouts, then online with weight sync into vLLM
+    7 report     held-out evaluation before and after, tables and PNG plots
+
+The training env is `arithmetic:tiny` (the 25 sums of 0..4), a task a model this small can get
+better at in a few minutes; what it learns is mostly the answer format and the likeliest sums.
+The offline data comes from a different behaviour policy than the one trained, as it would from
+another model on the Hub: the same weights with replies constrained to the answer format, so
+about one reply in ten is right and the groups carry signal. Its stored logprobs are the
+constrained sampler's (near 0), far above the trained policy's, so the importance ratios start
+near 0 and the clip bounds what the offline steps take from that data; the online steps do most
+of the learning. The metrics file shows both (policy/is_ratio_mean per step).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.rule import Rule
+from rich.text import Text
+
+TRAIN_ENV, TRAIN_CONFIG = "arithmetic", "tiny"
+TEACHER_FORMAT = r"<answer>[0-9]</answer>"  # the offline data's behaviour policy: the answer format, any digit
+
+
+@dataclass
+class DemoSettings:
+    out: Path = Path("out/demo")
+    check_envs: list[str] | None = None  # None: every built-in env
+    max_rows: int = 100  # rows per split to check
+    rollout_n: int = 8
+    offline_steps: int = 20
+    online_steps: int = 100
+    lr: float = 3e-3
+
+
+@dataclass
+class DemoReport:
+    stages: dict[str, float] = field(default_factory=dict)  # stage -> seconds
+    checks_failed: int = 0
+    before: dict[str, float] = field(default_factory=dict)
+    after: dict[str, float] = field(default_factory=dict)
+    plots: list[Path] = field(default_factory=list)
+
+
+def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
+    from hubgym.rollout.tiny_model import default_tiny_model
+
+    report, out = DemoReport(), settings.out
+    shutil.rmtree(out, ignore_errors=True)  # a demo starts clean: its hub, rollouts and checkpoints are its own
+    hub = out / "hub"
+
+    with _stage(console, report, "1 model: the tiny local model"):
+        model = default_tiny_model()
+        console.print(Text(f"model folder: {model}"))
+    with _stage(console, report, "2 envs: build and check every built-in env"):
+        report.checks_failed = _check_envs(settings, console)
+    with _stage(console, report, "3 hub: push the training env, load it back with datasets"):
+        env_ref = _push_env(hub, console)
+    trainer = _trainer(settings, model, env_ref, hub, console)
+    try:
+        with _stage(console, report, "4 rollouts: a format teacher, sampled with vLLM, pushed to the hub"):
+            rollouts_ref = _rollouts(settings, trainer, env_ref, hub, console)
+        with _stage(console, report, "5 re-score: the pushed rollouts, streamed back from the hub"):
+            report.plots.append(_rescore(rollouts_ref, hub, out, console))
+        with _stage(console, report, "6 train: GRPO on DeepSpeed, offline then online"):
+            trainer.cfg.offline.sources = [rollouts_ref]
+            result = trainer.run()
+    finally:
+        trainer.close()
+    with _stage(console, report, "7 report"):
+        from hubgym.cli_train import before_after_table
+
+        report.before, report.after = result.before, result.after
+        report.plots += [p for p in (result.plot, _eval_plot(result.before, result.after, out / "eval.png")) if p]
+        console.print(before_after_table(result.before, result.after))
+        console.print(Text(f"trained model (loads in vLLM/transformers): {result.model_dir}"))
+    console.print(_timings(report))
+    for plot in report.plots:
+        console.print(Text(f"plot: {plot}"))
+    return report
+
+
+class _stage:
+    """Prints a heading, times the stage, records the seconds."""
+
+    def __init__(self, console: Console, report: DemoReport, title: str):
+        self.console, self.report, self.title = console, report, title
+
+    def __enter__(self):
+        self.console.print(Rule(self.title, align="left"))
+        self.started = time.perf_counter()
+
+    def __exit__(self, *exc) -> None:
+        self.report.stages[self.title.split(":")[0]] = time.perf_counter() - self.started
+
+
+def _check_envs(settings: DemoSettings, console: Console) -> int:
+    from hubgym import cli_views as views
+    from hubgym.builders.registry import BUILTIN_ENVS
+    from hubgym.demo import demo_env
+
+    summaries = []
+
+    def one(name: str) -> list:
+        summary, results = demo_env(name, settings.out / "envs", settings.max_rows)
+        summaries.append(summary)
+        return results
+
+    results = views.with_progress(console, settings.check_envs or list(BUILTIN_ENVS), one,
+                                  verb="building and checking")
+    console.print(views.summary_table(summaries))
+    failed = [r for r in results if not r.ok]
+    if failed:
+        console.print(views.failures(results), soft_wrap=True)
+    console.print(Text(f"{len(results) - len(failed)}/{len(results)} checks passed",
+                       style="bold red" if failed else "bold green"))
+    return len(failed)
+
+
+def _push_env(hub: Path, console: Console) -> str:
+    import datasets
+
+    from hubgym.hub import push_env
+    from hubgym.hub.base import get_hub
+
+    result = push_env(TRAIN_ENV, f"demo/{TRAIN_ENV}", hub=hub, configs=[TRAIN_CONFIG])
+    snapshot = get_hub(hub).resolve(result.repo, result.revision).path  # the revision as a folder, laid out as on the Hub
+    rows = datasets.load_dataset(str(snapshot), TRAIN_CONFIG, split="test")
+    console.print(Text(f"pushed {TRAIN_ENV} to {result.location} at {result.revision[:12]}; "
+                       f"load_dataset(..., {TRAIN_CONFIG!r}, split='test') -> {len(rows)} rows"))
+    return f"{result.ref}:{TRAIN_CONFIG}"
+
+
+def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, console: Console):
+    from hubgym.train.config import load_config
+    from hubgym.train.trainer import Trainer
+
+    cfg = load_config(None, [f"model={model}", f"output_dir={settings.out / 'train'}",
+                             f"offline.steps={settings.offline_steps}", f"online.steps={settings.online_steps}",
+                             f"optim.lr={settings.lr}", f"grpo.n={settings.rollout_n}", "eval.limit=25", "eval.n=4",
+                             "log.every=20", "online.push=demo/rollouts"])
+    cfg.envs[0].name = env_ref
+    # The demo pushed this verifier itself, from the installed package, a moment ago.
+    return Trainer(cfg, console=console, hub=str(hub), trust=True)
+
+
+def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console: Console) -> str:
+    from hubgym import cli_views as views
+    from hubgym.hub.rollouts import push_rollouts
+    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
+
+    out = settings.out / "rollouts"
+    config = RolloutConfig(envs=[env_ref], model=trainer.model_dir(), out=str(out), n=settings.rollout_n,
+                           split="train", sampling=SamplingArgs(max_tokens=trainer.cfg.sampling.max_tokens,
+                                                                regex=TEACHER_FORMAT),
+                           max_model_len=trainer.cfg.online.max_model_len, hub=str(hub), trust=True)
+    summary = run_rollouts(config, engine=trainer.engine())
+    console.print(views.frame_table(summarize(scan_rollouts([out])), title=f"{summary.written} rollouts in {out}"))
+    pushed = push_rollouts(out, "demo/rollouts", hub=hub, name="initial")
+    console.print(Text(f"pushed {pushed.rows} rollouts in {pushed.uploaded} shard(s) -> {pushed.ref}"))
+    return pushed.ref
+
+
+def _rescore(ref: str, hub: Path, out: Path, console: Console) -> Path:
+    from hubgym import cli_views as views
+    from hubgym.score.rescore import plot_diff, rescore
+
+    result = rescore([ref], hub=str(hub), out=out / "rescored", workers=1)
+    console.print(views.frame_table(result.diff, title=f"re-score of {ref}: {result.changed} of {result.rows} rows "
+                                                       f"changed"))
+    if result.changed:
+        console.print(Text("stored rewards differ from a fresh re-score: the verifier is not deterministic",
+                           style="bold red"))
+    return plot_diff(result, out / "rescored" / "rescore.png")
+
+
+def _eval_plot(before: dict[str, float], after: dict[str, float], path: Path) -> Path:
+    """Held-out mean reward and pass@k per env, before and after training, as grouped bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(k for k in after if k.endswith(("/reward", "/pass@k")))
+    fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(keys) + 2), 3.4))
+    x = range(len(keys))
+    ax.bar([i - 0.2 for i in x], [before.get(k) or 0.0 for k in keys], width=0.4, label="before")
+    ax.bar([i + 0.2 for i in x], [after[k] or 0.0 for k in keys], width=0.4, label="after")
+    ax.set_xticks(list(x), [k.removeprefix("eval/").replace("/", "\n") for k in keys], fontsize=8)
+    ax.set_title("held-out evaluation")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _timings(report: DemoReport):
+    from rich.table import Table
+
+    table = Table("stage", "seconds", title="main job", box=None)
+    for stage, seconds in report.stages.items():
+        table.add_row(stage, f"{seconds:.0f}")
+    table.add_row("total", f"{sum(report.stages.values()):.0f}")
+    return table
