@@ -1,5 +1,6 @@
 """The `hubgym` command, run for real: CliRunner on the typer app, plus the installed console script."""
 
+import os
 import re
 import subprocess
 import sys
@@ -172,13 +173,28 @@ def test_readme_example_env_passes_check(tmp_path):
     assert result.exit_code == 0, result.output
 
 
-def test_demo_builds_and_checks(tmp_path):
-    result = hubgym("demo", "--env", "arithmetic", "--out", tmp_path, "--max-rows", "10")
-    assert result.exit_code == 0, result.output
-    summary = next(line for line in result.output.splitlines() if re.match(r"\s*│?\s*arithmetic\s+single_turn", line))
-    assert "180" in summary.split() and re.search(r"(\d+)/\1", summary)
-    assert sorted(p.name for p in (tmp_path / "arithmetic" / "easy").glob("*.parquet")) == [
-        "arithmetic-test.parquet", "arithmetic-train.parquet"]
+@pytest.mark.slow
+def test_main_job_runs_every_stage(tmp_path):
+    """`hubgym demo` (short training) through the installed script: every stage, its files, the report."""
+    script = Path(sys.executable).with_name("hubgym")
+    out = tmp_path / "demo"
+    done = subprocess.run([script, "demo", "--env", "arithmetic", "--out", out, "--max-rows", "10",
+                           "--offline-steps", "2", "--online-steps", "3"], capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    text = one_line(done.stdout)
+    for stage in ("1 model", "2 envs", "3 hub", "4 rollouts", "5 re-score", "6 train", "7 report"):
+        assert stage in text
+    assert "19/19 checks passed" in text and "-> 25 rows" in text
+    assert "0 of 200 rows changed" in text  # stored rewards equal a fresh re-score from the hub
+    assert "held-out evaluation" in text and "pass@k" in text
+    for png in ("eval.png", "rescored/rescore.png", "train/metrics.png"):
+        assert (out / png).stat().st_size > 0
+    assert (out / "train" / "model" / "model.safetensors").exists()
+    from hubgym.hub.base import get_hub
+
+    card = (get_hub(out / "hub").resolve("demo/rollouts").path / "README.md").read_text()
+    assert "config_name: initial" in card and "config_name: online" in card  # teacher run + online rollouts
 
 
 def test_console_script_smoke(tmp_path):
