@@ -53,9 +53,11 @@ def shard_rows(path: Path) -> int:
     try:
         with pa.memory_map(str(path)) as source:
             reader = pa.ipc.open_file(source)
-            if not reader.schema.equals(ROLLOUT_SCHEMA):
-                raise ShardError(f"shard {path} does not have the rollout schema; was it written by hubgym's "
-                                 f"ShardWriter? (fields: {', '.join(reader.schema.names)})")
+            bad = [f.name for f in ROLLOUT_SCHEMA if reader.schema.get_field_index(f.name) < 0
+                   or not reader.schema.field(f.name).type.equals(f.type)]
+            if bad:  # extra columns (e.g. re-scoring's) are fine; every rollout column must be there, typed right
+                raise ShardError(f"shard {path} does not have the rollout schema (missing or mistyped: "
+                                 f"{', '.join(bad[:8])}); was it written by hubgym's ShardWriter?")
             return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
     except (pa.ArrowInvalid, OSError) as exc:
         raise ShardError(f"shard {path} is truncated or corrupted ({exc}); delete it and re-run the rollout "
@@ -158,45 +160,58 @@ def parse_rollout_ref(ref: str) -> tuple[str, str | None, str | None]:
 def rollout_shards(source: str | Path, *, hub: HubBackend | str | os.PathLike | None = None,
                    verify: bool = True) -> list[Path]:
     """Local shard files of a source: a shard file, a run folder, or a hub ref (fetched, checked against index.json)."""
+    files = []
+    for path, expected in _shards(source, hub):
+        if verify:
+            _verify(path, expected)
+        files.append(path)
+    return files
+
+
+def _shards(source: str | Path, hub) -> list[tuple[Path, str | None]]:
+    """(local file, expected sha256 or None) of every shard of a source."""
     path = Path(source)
     if path.exists():
-        return [path] if path.is_file() else sorted(p for p in path.rglob("*.arrow") if not p.name.startswith("."))
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*.arrow") if not p.name.startswith("."))
+        return [(p, None) for p in found]
     repo, revision, run = parse_rollout_ref(str(source))
-    backend = get_hub(hub)
-    snapshot = backend.resolve(repo, revision, patterns=[f"{run}/*", f"{run}/**"] if run else None)
+    snapshot = get_hub(hub).resolve(repo, revision, patterns=[f"{run}/*", f"{run}/**"] if run else None)
     runs = [run] if run else sorted(p.parent.name for p in snapshot.path.glob("*/index.json"))
-    files: list[Path] = []
+    files = []
     for name in runs:
         index_path = snapshot.path / name / "index.json"
         if not index_path.exists():
             raise NoShardsError(f"{repo}@{snapshot.revision} has no run {name!r}; runs: "
                                 f"{', '.join(p.parent.name for p in snapshot.path.glob('*/index.json')) or 'none'}")
-        index = json.loads(index_path.read_text())
-        for shard, meta in sorted(index.items()):
-            file = snapshot.path / name / "shards" / shard
-            if verify and sha256(file) != meta["sha256"]:
-                raise ShardError(f"shard {name}/shards/{shard} of {repo}@{snapshot.revision} does not match its "
-                                 f"sha256 in index.json: it is corrupted; re-push the run")
-            files.append(file)
+        for shard, meta in sorted(json.loads(index_path.read_text()).items()):
+            files.append((snapshot.path / name / "shards" / shard, meta["sha256"]))
     return files
+
+
+def _verify(path: Path, expected: str | None) -> None:
+    if expected is not None and sha256(path) != expected:
+        raise ShardError(f"shard {path.parent.parent.name}/shards/{path.name} ({path}) does not match its sha256 "
+                         f"in index.json: it is corrupted; re-push the run")
 
 
 def iter_rollout_batches(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
                          skip_bad: bool = False, counts: dict | None = None) -> Iterator[pa.RecordBatch]:
     """Record batches of every source's shards, in order; a bad shard raises ShardError (or is skipped and counted)."""
     for source in sources:
-        for path in rollout_shards(source, hub=hub):
+        for path, expected in _shards(source, hub):
             try:
+                _verify(path, expected)
                 shard_rows(path)
-                with pa.memory_map(str(path)) as mm:
-                    reader = pa.ipc.open_file(mm)
-                    for i in range(reader.num_record_batches):
-                        yield reader.get_batch(i)
             except ShardError:
                 if not skip_bad:
                     raise
                 if counts is not None:
                     counts["bad_shards"] = counts.get("bad_shards", 0) + 1
+                continue
+            with pa.memory_map(str(path)) as mm:
+                reader = pa.ipc.open_file(mm)
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
 
 
 def iter_rollout_rows(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
