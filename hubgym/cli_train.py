@@ -1,9 +1,10 @@
-"""`hubgym push-rollouts`, `hubgym score` and `hubgym train`: the commands after rollouts are stored.
+"""`hubgym push-rollouts`, `score`, `replay` and `train`: the commands after rollouts are stored.
 
     hubgym push-rollouts runs/r1 me/rollouts --hub hubs/local
     hubgym score runs/r1 --verifier my_envs/arith_v2.py --out runs/r1-v2
     hubgym train train.yaml --set online.steps=50
     hubgym train --options                       # every training option, its default and what it does
+    hubgym replay runs/r1 --model MODEL_DIR      # re-run multi_turn dynamics, audit tokens against the template
 
 Registered on the `hubgym` app by hubgym.cli (kept apart so neither file needs scrolling).
 """
@@ -109,3 +110,27 @@ def before_after_table(before: dict[str, float], after: dict[str, float]) -> Tab
         change = f"{new - old:+.3f}" if old is not None and new is not None else "-"
         table.add_row(env, metric, "-" if old is None else f"{old:.3f}", f"{new:.3f}", change)
     return table
+
+
+@app.command()
+@user_errors
+def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard files or org/name[@rev][:RUN]")],
+           rollout: Annotated[Optional[str], typer.Option(help="only this rollout id")] = None,
+           model: Annotated[Optional[Path], typer.Option(help="model folder whose chat template the token audit "
+                                                         "re-applies [default: no token audit]")] = None,
+           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None) -> None:
+    """Re-run multi_turn dynamics from stored actions (and audit tokens); exit code 1 if anything diverged."""
+    from hubgym.score.replay import replay as run_replay
+
+    with _console().status("replaying"):
+        report = run_replay(sources, rollout=rollout, model=model, hub=hub)
+    counts = Table(*report.counts(), title="replay", box=None)
+    counts.add_row(*map(str, report.counts().values()))
+    _console().print(counts)
+    if report.diverged:
+        table = Table("rollout", "env", "turn", "field", "stored", "replayed", title="first divergences", box=None)
+        for r in report.diverged[:20]:
+            d = r.divergence or r.token_divergence
+            table.add_row(r.rollout_id, r.env, str(d.turn), d.field, repr(d.stored)[:60], repr(d.replayed)[:60])
+        _console().print(table)
+        raise typer.Exit(1)

@@ -44,6 +44,7 @@ class Trajectory:
     parse_errors: int = 0
     empty_responses: int = 0
     error: RowError | None = None
+    step_rewards: list[float] = field(default_factory=list)  # multi_turn: the reward of each env step
     generate_s: float = 0.0
     tools_s: float = 0.0
 
@@ -201,10 +202,11 @@ async def _run_tools(traj: Trajectory, calls: list[ToolCall]) -> list[Message]:
 
 def _env_step(traj: Trajectory, ctx: LoopContext, action: str) -> list[Message]:
     try:
-        traj.state, observation, _reward, done = ctx.verifier.step(traj.task, traj.state, action)
+        traj.state, observation, reward, done = ctx.verifier.step(traj.task, traj.state, action)
     except Exception as exc:  # the env failed: recorded, this trajectory stops
         traj.error = {"boundary": "env", "type": type(exc).__name__, "message": str(exc)[:2000]}
         traj.done, traj.finish_reason = True, "error"
         return []
     traj.done = bool(done)
+    traj.step_rewards.append(float(reward))
     return [user(observation)] if observation else []

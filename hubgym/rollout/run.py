@@ -153,6 +153,7 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
     metrics["success"] = float(score is not None and error is None and verifier.succeeded(score))
     metrics.update({"loop/tool_calls": traj.tool_calls, "loop/tool_errors": traj.tool_errors,
                     "loop/parse_errors": traj.parse_errors, "loop/empty_responses": traj.empty_responses})
+    metrics.update({f"step/{i}/reward": r for i, r in enumerate(traj.step_rewards)})  # for replay
     return {
         "rollout_id": rollout_id(run_id, traj.task["id"], traj.sample), "run_id": run_id,
         "task_id": traj.task["id"], "env": traj.task["env"], "group": f"{run_id}-{traj.task['id']}",
