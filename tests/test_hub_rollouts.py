@@ -30,14 +30,14 @@ def make_run(folder, run_id: str, groups: int = 6, n: int = 2, per_shard: int = 
     tasks = build_tasks("arithmetic", "easy")["test"]
     writer = ShardWriter(folder, "w000of001", max_rows=per_shard)
     for g in range(groups):
-        task, rows = tasks[g], []
+        task, rows = tasks[g % len(tasks)], []
         for s in range(n):
             answer = task["info"]["answer"] if s == 0 else "999"
             completion = [assistant(f"<answer>{answer}</answer>")]
             score = verifier.score(task, completion)
             rows.append({
-                "rollout_id": f"{run_id}-{task['id']}-{s}", "run_id": run_id, "task_id": task["id"],
-                "env": "arithmetic", "group": f"{run_id}-{task['id']}", "sample": s, "prompt": task["prompt"],
+                "rollout_id": f"{run_id}-{g}-{task['id']}-{s}", "run_id": run_id, "task_id": task["id"],
+                "env": "arithmetic", "group": f"{run_id}-{g}-{task['id']}", "sample": s, "prompt": task["prompt"],
                 "completion": completion, "info": task["info"], "interaction": task["interaction"],
                 "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "completion_mask": [1, 1],
                 "completion_logprobs": [-0.5, -0.5], "tokens_consistent": True, "reward": score.reward,

@@ -52,7 +52,7 @@ class RolloutConfig:
     shard_index: int = 0
     num_shards: int = 1
     max_rows_per_shard: int = 512
-    concurrency: int = 64  # groups in flight
+    concurrency: int = 256  # groups in flight (one vLLM batch at most; the memory bound of a run)
     hub: str | None = None  # where `org/name@revision` envs are loaded from (default: $HUBGYM_HUB or the local hub)
     trust: bool = False  # run hub verifiers unpinned (else each needs a pin)
     pins: dict[str, str] = field(default_factory=dict)  # hub repo -> "sha256:<hex>" of its verifier
