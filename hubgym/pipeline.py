@@ -15,8 +15,8 @@ The offline data comes from a different behaviour policy than the one trained, a
 another model on the Hub: the same weights with replies constrained to the answer format, so
 about one reply in ten is right and the groups carry signal. Its stored logprobs are the
 constrained sampler's (near 0), far above the trained policy's, so the importance ratios start
-near 0 and the clip bounds what the offline steps take from that data; the online steps do most
-of the learning. The metrics file shows both (policy/is_ratio_mean per step).
+near 0 and rise as the offline steps pull the policy toward the teacher; the online steps then
+raise the policy's own reward. The metrics file shows both (policy/is_ratio_mean, policy/entropy).
 """
 
 from __future__ import annotations
