@@ -90,7 +90,7 @@ class Optim(Section):
 class Eval(Section):
     every: int = Field(0, ge=0, description="evaluate every K steps (0 = only before and after training)")
     split: str = Field("test", description="held-out split")
-    limit: int = Field(32, ge=1, description="tasks per env")
+    limit: int = Field(32, ge=0, description="tasks per env (0 = no evaluation)")
     n: int = Field(4, ge=1, description="samples per task (pass@k uses them)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature of evaluation rollouts")
 

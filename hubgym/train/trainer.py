@@ -247,8 +247,11 @@ class Trainer:
                               trust=self.trust)
 
     def _sync(self, version: int) -> None:
+        """Load the current weights into vLLM (only when something samples: online steps or evaluation)."""
         from hubgym.train.sync import sync_weights
 
+        if not self.cfg.online.steps and not self.cfg.eval.limit:
+            return
         state = self.policy.full_state_dict()
         if self.policy.rank == 0:
             seconds = sync_weights(self.engine(), state, version, self.out / "sync")
@@ -259,7 +262,7 @@ class Trainer:
     def _evaluate(self, step: int, log: MetricsLog) -> dict[str, float]:
         from hubgym.train.evaluate import evaluate
 
-        if self.policy.rank != 0:
+        if self.policy.rank != 0 or not self.cfg.eval.limit:
             return {}
         e = self.cfg.eval
         metrics = evaluate(self.engine(), [m.name for m in self.cfg.envs], model=self.model_dir(),
