@@ -34,9 +34,12 @@ _EXPORTS: dict[str, str] = {
     # conformance
     "check_env": "hubgym.conformance",
     # hub
-    "load_env": "hubgym.hub", "push_env": "hubgym.hub",
+    "load_env": "hubgym.hub", "push_env": "hubgym.hub", "push_rollouts": "hubgym.hub", "open_rollouts": "hubgym.hub",
+    "iter_rollouts": "hubgym.hub",
     # rollout
     "RolloutConfig": "hubgym.rollout", "run_rollouts": "hubgym.rollout",
+    # score
+    "rescore": "hubgym.score", "RescoreResult": "hubgym.score",
 }
 
 __all__ = sorted(_EXPORTS)

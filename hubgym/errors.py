@@ -112,5 +112,49 @@ class RequestError(HubgymError, RuntimeError):
     """One generation request failed (e.g. the prompt is too long); recorded on its rows, the run goes on."""
 
 
+class WeightSyncError(HubgymError, ValueError):
+    """Weights handed to the vLLM engine do not fit its model (unknown or missing names, other shapes); refused
+    before the engine saw them, so it still serves the previous weights."""
+
+
 class NoShardsError(HubgymError, FileNotFoundError):
     """No rollout shards where some were expected."""
+
+
+class RescoreError(HubgymError, ValueError):
+    """Re-scoring was asked for something it cannot do (a verifier that names no env for rows of several
+    envs, an output folder that is one of the sources); the message says how to fix it."""
+
+
+class RolloutNotFoundError(HubgymError, LookupError):
+    """A rollout id asked for (e.g. `hubgym replay --rollout ID`) is in none of the rows read."""
+
+
+class ShardError(HubgymError, ValueError):
+    """A rollout shard that is truncated, corrupted (its sha256 differs from the recorded one) or not a rollout
+    table. `shard` names it (a repo path such as RUN/shards/w000of001-00000.arrow, or a file); nothing of it
+    was used."""
+
+    def __init__(self, message: str, shard: str | None = None):
+        self.shard = shard
+        super().__init__(message, shard=shard)
+
+
+class SkippedShardsWarning(UserWarning):
+    """Bad shards were skipped (`skip_bad=True`): the message counts and names them; the other shards were read."""
+
+
+class BadRowError(HubgymError, ValueError):
+    """A rollout row (or group) the trainer cannot use, raised in strict mode; names env, rollout id and field.
+
+    Outside strict mode such rows are skipped and counted instead (`GroupStream.counts`).
+    """
+
+    def __init__(self, message: str, env: str | None = None, rollout_id: str | None = None,
+                 field: str | None = None):
+        self.env, self.rollout_id, self.field = env, rollout_id, field
+        super().__init__(message, env=env, rollout_id=rollout_id, field=field)
+
+
+class SequenceTooLongError(HubgymError, ValueError):
+    """One sequence (prompt + completion) is longer than the micro-batch token budget, so it fits in none."""

@@ -16,3 +16,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(staged, path)
+
+
+def replace_dir(staged: Path, final: Path) -> None:
+    """Move a fully written folder to `final`; an existing `final` is set aside first and removed after.
+
+    Directories cannot be renamed over one another, so there is a moment with no `final`; never one
+    with half of it. A crash at that moment leaves `.{name}.old` beside it.
+    """
+    import shutil
+
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        final.rename(old)
+    staged.rename(final)
+    fd = os.open(final.parent, os.O_RDONLY)  # make the renames durable
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    shutil.rmtree(old, ignore_errors=True)

@@ -16,10 +16,12 @@ from hubgym.hub.load import HubEnv, load_env
 from hubgym.hub.local import LocalHub
 from hubgym.hub.manifest import MANIFEST_FILE, VERIFIER_FILE, read_manifest
 from hubgym.hub.push import PushResult, push_env
+from hubgym.hub.rollouts import RolloutPush, iter_batches, iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.trust import normalize_pin
 
 
 __all__ = [
     "MANIFEST_FILE", "VERIFIER_FILE", "HfHub", "HubBackend", "HubEnv", "LocalHub", "PushResult", "Revision",
-    "Snapshot", "get_hub", "load_env", "normalize_pin", "parse_ref", "push_env", "read_manifest",
+    "RolloutPush", "Snapshot", "get_hub", "iter_batches", "iter_rollouts", "load_env", "normalize_pin", "open_rollouts",
+    "parse_ref", "push_env", "push_rollouts", "read_manifest",
 ]

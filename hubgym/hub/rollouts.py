@@ -1,231 +1,194 @@
 """Rollout runs on a hub: push a run folder as one config of a rollout dataset repo; read rows back.
 
-    push_rollouts("runs/r1", "me/rollouts", hub="hubs/local")    # -> RolloutPush(ref="me/rollouts@<rev>:<run>")
-    rows = iter_rollout_rows(["me/rollouts@<rev>:<run>"])          # dicts, shard by shard
-    load_dataset(snapshot_path, "<run>", streaming=True)           # the same rows through `datasets`
+    pushed = push_rollouts("runs/r1", "me/rollouts", hub="hf")      # -> RolloutPush(ref="me/rollouts@<rev>:<run>")
+    rows = iter_rollouts(pushed.ref)                                 # dicts, streamed shard by shard, verified
+    ds = open_rollouts(pushed.ref)                                   # a datasets IterableDataset of the same rows
+    datasets.load_dataset("me/rollouts", "<run>", split="train", streaming=True)   # no hubgym needed
 
-Repo layout: `<run>/shards/*.arrow` (the writer's Arrow IPC shards, unchanged), `<run>/manifest-*.json`
-and `<run>/index.json` (sha256 and row count of every shard), plus a README whose YAML `configs:`
-has one config per run, so `datasets.load_dataset(REPO, RUN)` works with no remote code.
+Repo layout: `<run>/shards/*.arrow` (the writer's Arrow IPC shards, byte for byte), `<run>/manifest-*.json`
+(the workers' run manifests), `<run>/index.json` (sha256 and rows of every shard, and the run's
+features), `<run>/summary.json` (provenance and per-worker stats), and a README whose YAML `configs:`
+lists every run of the repo, so `datasets.load_dataset(REPO, RUN)` works with no remote code.
 
-Every shard is validated (opens as Arrow, has the rollout schema, row count) before it is
-uploaded, so a partial shard is never published. Shards go up in commits of a few at a time and
-a re-run skips those already in the repo with the same sha256: an interrupted push resumes.
+Every shard is checked before anything is uploaded (it opens as an Arrow IPC file, every batch
+passes Arrow's full validation, it has the rollout schema, and its rows and sha256 match the run
+manifest): a partial or corrupted shard is never published. Shards go up in commits of about
+`batch_bytes`, each commit also updating index.json; a re-run skips the shards the repo's index
+already lists with the same sha256, so an interrupted push resumes with no duplicate.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
-import pyarrow as pa
-import yaml
+import datasets
 
-from hubgym.errors import HubgymError, NoShardsError
-from hubgym.hub.base import HubBackend, get_hub, parse_ref
-from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
+from hubgym.errors import EnvContractError, NoShardsError, ShardError, Where
+from hubgym.hub.base import GITATTRIBUTES, HubBackend, get_hub
+from hubgym.hub.rollout_card import merge_summaries, render_card, run_summary
+from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exported)
+    INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollout_batches, iter_rollout_rows, iter_rollouts,
+    open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
+)
+from hubgym.hub.shards import ShardSource, load_shard, sha256_file
 
+SUMMARY_FILE = "summary.json"
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}$")
 
-class ShardError(HubgymError, ValueError):
-    """A rollout shard that is truncated, corrupted or not a rollout table; the message names the file."""
+__all__ = ["RolloutPush", "ShardError", "iter_batches", "iter_rollouts", "open_rollouts", "push_rollouts"]
 
 
 @dataclass(frozen=True)
 class RolloutPush:
     repo: str
-    revision: str
+    revision: str  # the commit holding the whole run
     name: str  # the run's config name in the repo
     uploaded: int  # shards uploaded by this call
-    skipped: int  # shards already in the repo (resume)
-    rows: int
+    skipped: int  # shards the repo already held with the same sha256 (resume)
+    rows: int  # rollouts of the run in the repo
+    commits: int  # commits made by this call
 
     @property
     def ref(self) -> str:
+        """`org/name@<commit>:<run>`: reads exactly this run at this revision again."""
         return f"{self.repo}@{self.revision}:{self.name}"
 
 
-def shard_rows(path: Path) -> int:
-    """Open a shard as an Arrow IPC file, check its schema and count its rows; ShardError if it cannot."""
-    try:
-        with pa.memory_map(str(path)) as source:
-            reader = pa.ipc.open_file(source)
-            bad = [f.name for f in ROLLOUT_SCHEMA if reader.schema.get_field_index(f.name) < 0
-                   or not reader.schema.field(f.name).type.equals(f.type)]
-            if bad:  # extra columns (e.g. re-scoring's) are fine; every rollout column must be there, typed right
-                raise ShardError(f"shard {path} does not have the rollout schema (missing or mistyped: "
-                                 f"{', '.join(bad[:8])}); was it written by hubgym's ShardWriter?")
-            return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ShardError(f"shard {path} is truncated or corrupted ({exc}); delete it and re-run the rollout "
-                         f"(it resumes and rewrites only what is missing)") from None
-
-
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def push_rollouts(run_dir: str | Path, repo: str, *, hub: HubBackend | str | os.PathLike | None = None,
-                  name: str | None = None, shards_per_commit: int = 8) -> RolloutPush:
+def push_rollouts(run_dir: str | os.PathLike, repo: str, *, hub: HubBackend | str | os.PathLike | None = None,
+                  name: str | None = None, batch_bytes: int = 512 << 20, progress: bool = False) -> RolloutPush:
     """Upload a run folder (all its workers' shards and manifests) as config `name` (default: the run id)."""
     run_dir, backend = Path(run_dir), get_hub(hub)
     manifests = sorted(run_dir.glob("manifest-*.json"))
     shards = sorted(p for p in (run_dir / "shards").glob("*.arrow") if not p.name.startswith("."))
     if not manifests or not shards:
-        raise NoShardsError(f"{run_dir} is not a rollout run folder (no manifest-*.json or shards/*.arrow); "
-                            f"give the --out folder of `hubgym rollout`")
-    name = name or json.loads(manifests[0].read_text())["run_id"]
-    index = {p.name: {"sha256": sha256(p), "rows": shard_rows(p)} for p in shards}
+        raise NoShardsError(f"{run_dir} is not a rollout run folder (no manifest-*.json or shards/*.arrow); give the "
+                            f"--out folder of `hubgym rollout`")
+    name = _check_name(name or json.loads(manifests[0].read_text()).get("run_id") or run_dir.name)
+    local, features = check_shards(shards, recorded_shards(run_dir))
     backend.create_repo(repo)
-    present = _present_shards(backend, repo, name)
-    todo = [p for p in shards if present.get(p.name) != index[p.name]["sha256"]]
-    for start in range(0, len(todo), shards_per_commit):
-        chunk = todo[start:start + shards_per_commit]
-        backend.commit(repo, {f"{name}/shards/{p.name}": p for p in chunk},
-                       f"Upload {len(chunk)} shard(s) of run {name}")
+    index, head = _repo_index(backend, repo, name)
+    todo = [p for p in shards if index["shards"].get(p.name, {}).get("sha256") != local[p.name]["sha256"]]
+    index["features"] = features
+    commits = 0
+    for batch in _progress(_batches(todo, batch_bytes), len(todo), name, progress):
+        index["shards"].update({p.name: local[p.name] for p in batch})
+        files: dict[str, Any] = {f"{name}/shards/{p.name}": p for p in batch}
+        files[f"{name}/{INDEX_FILE}"] = _index_json(index)
+        head = backend.commit(repo, files, f"Run {name}: {len(batch)} shard(s)")
+        commits += 1
+    index["shards"].update(local)
+    revision, card_commits = _finish(backend, repo, name, index, shards, manifests, head)
+    return RolloutPush(repo, revision, name, len(todo), len(shards) - len(todo),
+                       sum(s["rows"] for s in index["shards"].values()), commits + card_commits)
+
+
+def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[str, dict], dict]:
+    """{file: {"sha256", "rows"}} of shards that pass every check, and their (common) features; else ShardError."""
+    out, features = {}, None
+    for path in shards:
+        info = recorded.get(path.name, {})
+        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # no sha256: full validation
+        sha = sha256_file(path)
+        if info.get("sha256") not in (None, sha):
+            raise ShardError(f"shard {path} changed after it was written: its sha256 is {sha}, the run manifest "
+                             f"records {info['sha256']}. Delete it and re-run the rollout (it resumes)",
+                             shard=str(path))
+        mine = datasets.Features.from_arrow_schema(loaded.reader.schema).to_dict()
+        if features is not None and mine != features:
+            raise ShardError(f"shard {path} has other columns than {shards[0].name}; a run's shards share one schema "
+                             f"(push re-scored shards as a run of their own)", shard=str(path))
+        out[path.name], features = {"sha256": sha, "rows": loaded.rows}, mine
+    return out, features or {}
+
+
+def _check_name(name: str) -> str:
+    if not _RUN_NAME.match(name):
+        raise EnvContractError(f"{name!r} is not a valid run name", Where(config=name, field="name"),
+                               "use letters, digits, '-', '_' and '.' (the run becomes a config and a folder "
+                               "of the repo)")
+    return name
+
+
+def _repo_index(backend: HubBackend, repo: str, name: str) -> tuple[dict, str]:
+    """The run's index.json at the head (empty for a new run: what an earlier, maybe interrupted, push left),
+    and the head's commit id."""
+    snapshot = backend.resolve(repo, patterns=[f"{name}/{INDEX_FILE}", GITATTRIBUTES])  # (one file always matches)
+    path = snapshot.path / name / INDEX_FILE
+    index = json.loads(path.read_text()) if path.is_file() else {}
+    return {"shards": dict(index.get("shards") or {}), "features": index.get("features")}, snapshot.revision
+
+
+def _batches(files: list[Path], batch_bytes: int) -> list[list[Path]]:
+    """Consecutive groups of about `batch_bytes` (at least one file each): one commit each."""
+    out: list[list[Path]] = []
+    size = 0
+    for path in files:
+        if not out or size + path.stat().st_size > batch_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(path)
+        size += path.stat().st_size
+    return out
+
+
+def _finish(backend: HubBackend, repo: str, name: str, index: dict, shards: list[Path],
+            manifests: list[Path], head: str) -> tuple[str, int]:
+    """The last commit: manifests, index, summary and the card (none if nothing changed). If another push
+    changed the runs meanwhile, the card is rebuilt (at most twice more) so it lists every run in the repo.
+    Returns the revision and the number of commits made."""
+    loaded = [json.loads(m.read_text()) for m in manifests]
     files: dict[str, Any] = {f"{name}/{m.name}": m for m in manifests}
-    files[f"{name}/index.json"] = json.dumps(index, indent=2, sort_keys=True).encode()
-    files[f"{name}/summary.json"] = json.dumps(_summary(shards), indent=2, sort_keys=True).encode()
-    files["README.md"] = _card(backend, repo, name, manifests, index).encode()
-    revision = backend.commit(repo, files, f"Run {name}: {sum(i['rows'] for i in index.values())} rollouts")
-    return RolloutPush(repo, revision, name, len(todo), len(shards) - len(todo), sum(i["rows"] for i in index.values()))
+    files[f"{name}/{INDEX_FILE}"] = _index_json(index)
+    commits = 0
+    for _ in range(3):
+        runs = _runs(backend, repo)
+        summary = merge_summaries(runs.get(name, ({}, None))[1], run_summary(shards, loaded))
+        runs[name] = (index, summary)
+        files[f"{name}/{SUMMARY_FILE}"] = _json(summary)
+        files["README.md"] = render_card(repo, runs).encode()
+        revision = backend.commit(repo, files, f"Run {name}: {sum(s['rows'] for s in index['shards'].values())} "
+                                               f"rollouts")
+        commits += revision != head
+        if set(_runs(backend, repo, revision)) == set(runs):
+            break
+        files, head = {}, revision  # someone else's run landed meanwhile: only the card needs redoing
+    return revision, commits
 
 
-def _present_shards(backend: HubBackend, repo: str, name: str) -> dict[str, str]:
-    """{shard file name: sha256} of the run's shards already in the repo's head revision."""
-    snapshot = backend.resolve(repo, patterns=[f"{name}/shards/*"])
-    folder = snapshot.path / name / "shards"
-    return {p.name: sha256(p) for p in folder.glob("*.arrow")} if folder.exists() else {}
+def _runs(backend: HubBackend, repo: str, revision: str | None = None) -> dict[str, tuple[dict, dict | None]]:
+    """{run: (index.json, summary.json)} of every run in the repo (metadata files only)."""
+    snapshot = backend.resolve(repo, revision, patterns=[f"*/{INDEX_FILE}", f"*/{SUMMARY_FILE}", GITATTRIBUTES])
+    out = {}
+    for path in snapshot.path.glob(f"*/{INDEX_FILE}"):
+        summary = path.parent / SUMMARY_FILE
+        out[path.parent.name] = (json.loads(path.read_text()),
+                                 json.loads(summary.read_text()) if summary.is_file() else None)
+    return out
 
 
-def _card(backend: HubBackend, repo: str, name: str, manifests: list[Path], index: dict) -> str:
-    """README: YAML `configs:` (one per run in the repo) and a summary of every run, rebuilt from the runs' files."""
-    snapshot = backend.resolve(repo, patterns=["*/index.json", "*/summary.json", "*/manifest-*.json"])
-    runs = {p.parent.name: (json.loads(p.read_text()), _first_json(p.parent, "manifest-*.json"),
-                            _first_json(p.parent, "summary.json"))
-            for p in snapshot.path.glob("*/index.json")}
-    runs[name] = (index, json.loads(manifests[0].read_text()), _summary(sorted((manifests[0].parent / "shards")
-                                                                              .glob("*.arrow"))))
-    meta = {"configs": [{"config_name": run, "data_files": [{"split": "train", "path": f"{run}/shards/*.arrow"}]}
-                        for run in sorted(runs)]}
-    sections = [_run_section(repo, run, *runs[run]) for run in sorted(runs)]
-    return ("---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n" + f"# Rollouts: {repo}\n\n"
-            "Rollout runs made with hubgym (Arrow shards with token ids, logprobs, masks, rewards and provenance), "
-            "one config per run.\n\n" + "\n".join(sections))
+def _progress(batches: list[list[Path]], total: int, name: str, enabled: bool):
+    """Yield the batches, with a rich progress bar of shards uploaded when enabled."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[bold]push {name}"), BarColumn(), MofNCompleteColumn(), TextColumn("shards"),
+                  TimeElapsedColumn(), disable=not enabled) as bar:
+        task = bar.add_task("push", total=total)
+        for batch in batches:
+            yield batch
+            bar.update(task, advance=len(batch))
 
 
-def _summary(shards: list[Path]) -> dict[str, dict]:
-    """Rollouts and mean reward per env (for the card)."""
-    import polars as pl
-
-    frame = pl.concat([pl.scan_ipc(p).select("env", "reward") for p in shards if not p.name.startswith(".")])
-    table = frame.group_by("env").agg(pl.len().alias("rollouts"), pl.col("reward").mean().alias("mean_reward"))
-    return {r["env"]: {"rollouts": r["rollouts"], "mean_reward": r["mean_reward"]} for r in table.collect().to_dicts()}
+def _index_json(index: dict) -> bytes:
+    """index.json: shards sorted by name, features in column order (their order is the dataset's)."""
+    shards = dict(sorted(index["shards"].items()))
+    return json.dumps({"rows": sum(s["rows"] for s in shards.values()), "shards": shards,
+                       "features": index["features"]}, indent=1).encode()
 
 
-def _first_json(folder: Path, pattern: str) -> dict:
-    found = sorted(folder.glob(pattern))
-    return json.loads(found[0].read_text()) if found else {}
-
-
-def _run_section(repo: str, run: str, index: dict, manifest: dict, summary: dict) -> str:
-    def reward(env: str) -> str:
-        value = (summary.get(env) or {}).get("mean_reward")
-        return f", mean reward {value:.3f}" if value is not None else ""
-
-    envs = "".join(f"- env `{env}` (config {e.get('config')}, {e.get('tasks')} tasks{reward(env)}), verifier "
-                   f"`{e.get('verifier_module')}` (sha256 {str(e.get('verifier_sha256'))[:12]}), "
-                   f"env repo {e.get('env_repo') or '-'}@{e.get('env_revision') or '-'}\n"
-                   for env, e in sorted((manifest.get("envs") or {}).items()))
-    return (f"## Run `{run}`\n\n- model: `{manifest.get('model')}`, policy version {manifest.get('policy_version')}\n"
-            f"- sampling: `{json.dumps(manifest.get('sampling'), sort_keys=True)}`\n"
-            f"- rollouts: {sum(i['rows'] for i in index.values())} in {len(index)} shard(s)\n{envs}\n"
-            f"Load: `datasets.load_dataset(\"{repo}\", \"{run}\", split=\"train\", streaming=True)`\n")
-
-
-def parse_rollout_ref(ref: str) -> tuple[str, str | None, str | None]:
-    """`org/name[@revision][:RUN]` -> (repo, revision, run)."""
-    head, _, run = ref.partition(":")
-    repo, revision = parse_ref(head)
-    return repo, revision, run or None
-
-
-def rollout_shards(source: str | Path, *, hub: HubBackend | str | os.PathLike | None = None,
-                   verify: bool = True) -> list[Path]:
-    """Local shard files of a source: a shard file, a run folder, or a hub ref (fetched, checked against index.json)."""
-    files = []
-    for path, expected in _shards(source, hub):
-        if verify:
-            _verify(path, expected)
-        files.append(path)
-    return files
-
-
-def _shards(source: str | Path, hub) -> list[tuple[Path, str | None]]:
-    """(local file, expected sha256 or None) of every shard of a source."""
-    path = Path(source)
-    if path.exists():
-        found = [path] if path.is_file() else sorted(p for p in path.rglob("*.arrow") if not p.name.startswith("."))
-        return [(p, None) for p in found]
-    repo, revision, run = parse_rollout_ref(str(source))
-    snapshot = get_hub(hub).resolve(repo, revision, patterns=[f"{run}/*", f"{run}/**"] if run else None)
-    runs = [run] if run else sorted(p.parent.name for p in snapshot.path.glob("*/index.json"))
-    files = []
-    for name in runs:
-        index_path = snapshot.path / name / "index.json"
-        if not index_path.exists():
-            raise NoShardsError(f"{repo}@{snapshot.revision} has no run {name!r}; runs: "
-                                f"{', '.join(p.parent.name for p in snapshot.path.glob('*/index.json')) or 'none'}")
-        for shard, meta in sorted(json.loads(index_path.read_text()).items()):
-            files.append((snapshot.path / name / "shards" / shard, meta["sha256"]))
-    return files
-
-
-def _verify(path: Path, expected: str | None) -> None:
-    if expected is not None and sha256(path) != expected:
-        raise ShardError(f"shard {path.parent.parent.name}/shards/{path.name} ({path}) does not match its sha256 "
-                         f"in index.json: it is corrupted; re-push the run")
-
-
-def iter_rollout_batches(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
-                         skip_bad: bool = False, counts: dict | None = None) -> Iterator[pa.RecordBatch]:
-    """Record batches of every source's shards, in order; a bad shard raises ShardError (or is skipped and counted)."""
-    for source in sources:
-        for path, expected in _shards(source, hub):
-            try:
-                _verify(path, expected)
-                shard_rows(path)
-            except ShardError:
-                if not skip_bad:
-                    raise
-                if counts is not None:
-                    counts["bad_shards"] = counts.get("bad_shards", 0) + 1
-                continue
-            with pa.memory_map(str(path)) as mm:
-                reader = pa.ipc.open_file(mm)
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
-
-
-def iter_rollout_rows(sources: list[str | Path], *, hub: HubBackend | str | os.PathLike | None = None,
-                      skip_bad: bool = False, counts: dict | None = None) -> Iterator[dict[str, Any]]:
-    """Rows of every source, one record batch at a time (memory stays bounded by one batch).
-
-    `info` (a JSON column) comes back as the dict it was, as `datasets` decodes it.
-    """
-    for batch in iter_rollout_batches(sources, hub=hub, skip_bad=skip_bad, counts=counts):
-        for row in batch.to_pylist():
-            yield decode_row(row)
-
-
-def decode_row(row: dict[str, Any]) -> dict[str, Any]:
-    if isinstance(row.get("info"), str):
-        row["info"] = json.loads(row["info"])
-    return row
+def _json(value: Any) -> bytes:
+    return json.dumps(value, indent=1, sort_keys=True).encode()

@@ -246,6 +246,6 @@ def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:
                          "verifier_sha256": e.verifier.sha256, "env_repo": e.repo, "env_revision": e.revision}
                  for e in envs},
         "split": config.split, "n": config.n, "rows": writer.rows_written,
-        "shards": [p.name for p in writer.shards()],
+        "shards": [p.name for p in writer.shards()], "shard_files": writer.shard_files(),  # rows + sha256 each
         "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),
     }

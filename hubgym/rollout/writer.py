@@ -3,7 +3,8 @@
 Layout of a run folder (one worker shown; N workers write disjoint files side by side):
 
     RUN/
-      manifest-w000of001.json          run manifest of worker 0 (rewritten atomically after each shard)
+      manifest-w000of001.json          run manifest of worker 0 (rewritten atomically after each shard;
+                                       lists each shard's rows and sha256, so readers can verify it)
       shards/w000of001-00000.arrow     Arrow IPC *file* format: pyarrow, polars and datasets all read it
 
 A shard is written to a hidden temporary file, fsynced, then renamed: a crash never leaves a
@@ -13,6 +14,7 @@ holds part of a group; on resume, `existing_ids()` says which rollouts are alrea
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -40,10 +42,15 @@ class ShardWriter:
         for stale in stale_temps:  # left by a crash mid-write (only this worker's: others may be writing)
             stale.unlink()
         self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in self.shards()), default=-1)
-        self.rows_written = sum(_count_rows(p) for p in self.shards())
+        self._files = {p.name: {"rows": _count_rows(p), "sha256": _sha256(p.read_bytes())} for p in self.shards()}
+        self.rows_written = sum(f["rows"] for f in self._files.values())
 
     def shards(self) -> list[Path]:
         return sorted(self.shard_dir.glob(f"{self.worker}-*.arrow"))
+
+    def shard_files(self) -> dict[str, dict[str, Any]]:
+        """{shard file name: {"rows", "sha256"}} of this worker's shards, for the manifest (readers verify with it)."""
+        return {name: dict(info) for name, info in sorted(self._files.items())}
 
     def existing_ids(self) -> set[str]:
         """rollout_ids already stored by this worker (read from the id column only)."""
@@ -70,7 +77,9 @@ class ShardWriter:
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
             writer.write_table(table)
-        atomic_write_bytes(path, sink.getvalue().to_pybytes())
+        data = sink.getvalue().to_pybytes()
+        atomic_write_bytes(path, data)
+        self._files[path.name] = {"rows": len(self._buffer), "sha256": _sha256(data)}
         self.rows_written += len(self._buffer)
         self._next += 1
         self._buffer, self._buffer_bytes = [], 0
@@ -105,6 +114,10 @@ def _count_rows(path: Path) -> int:
     with pa.memory_map(str(path)) as source:
         reader = pa.ipc.open_file(source)
         return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _estimate_bytes(row: Rollout) -> int:

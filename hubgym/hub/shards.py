@@ -1,0 +1,127 @@
+"""One rollout shard: where it is, what it should hold, and reading it only once it is known to be whole.
+
+    shard = ShardSource("r1/shards/w000of001-00000.arrow", "hf://datasets/org/r@<rev>/r1/shards/...", sha256, rows)
+    for batch in load_shard(shard).batches(): ...      # ShardError if truncated, corrupted or not rollouts
+
+A shard is an Arrow IPC *file*: its footer is written last, so a truncated file does not open. A
+flipped byte may still open; the sha256 recorded when the shard was written (the run manifest) or
+pushed (the repo's index.json) catches that. A remote shard is read whole into memory while it is
+hashed (a shard is at most the writer's max_bytes, 64 MiB by default): nothing is cached on disk,
+and no row of a bad shard is ever handed out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+
+from hubgym.errors import HubConnectionError, ShardError
+from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
+
+_CHUNK = 1 << 20
+FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
+
+
+@dataclass(frozen=True)
+class ShardSource:
+    """A shard to read, and what it should be."""
+
+    name: str  # how messages name it: RUN/shards/<file> for a hub shard, the path for a local one
+    location: str  # a local path, or a URL that fsspec opens (hf://datasets/org/name@<commit>/...)
+    sha256: str | None = None  # as recorded by the writer or the push; None: nothing recorded it
+    rows: int | None = None
+    options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # fsspec options (a token)
+
+    @property
+    def remote(self) -> bool:
+        return "://" in self.location
+
+
+@dataclass
+class LoadedShard:
+    """A shard that passed its checks: its batches can be read."""
+
+    source: ShardSource
+    reader: pa.ipc.RecordBatchFileReader
+    rows: int
+
+    def batches(self) -> Iterator[pa.RecordBatch]:
+        for i in range(self.reader.num_record_batches):
+            yield self.reader.get_batch(i)
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:
+    """Fetch (remote) or map (local) a shard and check it: sha256 when recorded, Arrow structure, schema, rows.
+
+    With a matching sha256 the bytes are exactly those checked when the shard was written or pushed,
+    so the full (slower) Arrow validation runs only for shards nothing recorded.
+    """
+    data = _fetch(source)
+    if verify and source.sha256 is not None:
+        actual = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else sha256_file(source.location)
+        if actual != source.sha256:
+            fix = "push its run again from a good copy (`hubgym push-rollouts RUN_DIR REPO`)" if source.remote else FIX
+            raise ShardError(f"shard {source.name} is corrupted: its sha256 is {actual}, but {source.sha256} was "
+                             f"recorded when it was written or pushed; {fix}", shard=source.name)
+    try:
+        reader = pa.ipc.open_file(pa.BufferReader(data) if isinstance(data, bytes) else data)
+        check_schema(reader.schema, source.name)
+        rows = 0
+        for i in range(reader.num_record_batches):
+            batch = reader.get_batch(i)
+            if verify and source.sha256 is None:
+                batch.validate(full=True)
+            rows += batch.num_rows
+    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+        raise ShardError(f"shard {source.name} is truncated or corrupted ({_first_line(exc)}); {FIX}",
+                         shard=source.name) from None
+    if verify and source.rows is not None and rows != source.rows:
+        raise ShardError(f"shard {source.name} holds {rows} rows, but {source.rows} were recorded; {FIX}",
+                         shard=source.name)
+    return LoadedShard(source, reader, rows)
+
+
+def check_schema(schema: pa.Schema, name: str) -> None:
+    """Every rollout column, typed as ROLLOUT_SCHEMA types it (extra columns, e.g. re-scoring's, are fine)."""
+    bad = [f.name for f in ROLLOUT_SCHEMA
+           if schema.get_field_index(f.name) < 0 or not schema.field(f.name).type.equals(f.type)]
+    if bad:
+        raise ShardError(f"shard {name} does not have the rollout schema (missing or mistyped: {', '.join(bad[:8])}"
+                         f"{', ...' if len(bad) > 8 else ''}); rollout shards are written by hubgym's ShardWriter",
+                         shard=name)
+
+
+def _fetch(source: ShardSource) -> bytes | pa.MemoryMappedFile:
+    """A remote shard's bytes (one streamed GET), or a local one memory-mapped."""
+    try:
+        if not source.remote:
+            return pa.memory_map(source.location) if Path(source.location).stat().st_size else b""
+        import fsspec
+
+        with fsspec.open(source.location, "rb", block_size=0, **source.options) as f:  # block_size=0: one stream
+            return f.read()
+    except FileNotFoundError:
+        raise ShardError(f"shard {source.name} is listed but missing ({source.location}); re-push the run",
+                         shard=source.name) from None
+    except Exception as exc:  # the network, or the hub refusing: not the shard's fault (never shows options)
+        if not source.remote:
+            raise
+        raise HubConnectionError(f"cannot read shard {source.name} from {source.location.split('@')[0]}: "
+                                 f"{_first_line(exc)}. Check the network and the token, then read again") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
