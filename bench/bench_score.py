@@ -1,18 +1,28 @@
 """Benchmark re-scoring stored rollouts: hubgym's `rescore` against a `verifiers` Rubric, per built-in env.
 
-    python bench/bench_score.py --verifiers-python VENV/bin/python [--rows 2000]
+    python bench/bench_score.py --verifiers-python VENV/bin/python [--rows 4000 --repeats 3]
 
-For every built-in env, stored rollouts are made from its golden cases (each case's task and
-trajectory, scored by the env's verifier), replicated to `--rows` rows and written as Arrow shards
-of a run folder. Then, in one run:
+VENV is a separate virtualenv with `pip install verifiers==0.3.1` plus hubgym's light dependencies
+(this repository goes on its PYTHONPATH, so both sides run the same reward code).
 
-- hubgym: `rescore([run])` in one process (`workers=1`) and over all cores, reading the shards;
-- verifiers: the same rows, loaded in a process of the venv where `verifiers` is installed, scored
-  by `Rubric.score_group` (verifiers 0.3.1 has no `score_rollouts`; `score_group` scores a list of
-  states) with one reward function that calls the same hubgym verifier, so both sides run the same
-  reward code and the difference is the framework. Its rows are parsed before the clock starts.
+Stored rollouts, written as run folders of Arrow shards (512 rows each) by hubgym's ShardWriter:
+- every built-in env: its golden cases (task + trajectory; multi_turn cases played from their
+  actions) scored by its verifier and replicated to `--rows` rows (synthetic token ids);
+- one real run: `--vllm-env` sampled with vLLM and the tiny local model (`--vllm-tasks` x `--n`).
 
-The ratio is hubgym's rows/s (one process) over verifiers' rows/s.
+Then, in one run, per env, `--repeats` times each after one warm-up (medians shown):
+- reward code alone: `Verifier.score` in a plain loop over rows decoded beforehand, the floor
+  of any framework running this reward code in one process;
+- hubgym: `rescore(run)` in one process, over every core, and in one process writing the new
+  shards; each reads the shards, decodes the rows, scores them and builds the new columns;
+- verifiers, in a process of its venv, shard by shard as hubgym streams them: read a shard
+  (column-wise, as hubgym does), build one State per row, then `Rubric.score_group(states)` (0.3.1
+  has no `score_rollouts`; score_group is its batch scoring call). The Rubric holds one reward function
+  per hubgym reward component with the same weight (`REWARDS`, plus the summed step rewards of a
+  multi_turn env and the tool-call shaping of a tool_use env), each calling hubgym's function.
+
+Both sides must reproduce every stored reward (checked), so they do the same work; the ratio is
+hubgym's rows/s over verifiers' (read + score) rows/s.
 """
 
 from __future__ import annotations
@@ -23,8 +33,8 @@ import json
 import logging
 import os
 import platform
+import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -32,139 +42,273 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADING = "## Re-scoring stored rollouts"
+NOTES = "<!-- notes: kept when the table above is regenerated -->"
+COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "reward")  # what both sides read
 
+
+# ---------------------------------------------------------------- stored rollouts
 
 def golden_rows(env: str, count: int) -> list[dict]:
-    """`count` rollout rows of `env` made from its golden cases (scored by its verifier)."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_train_stream import row
-
+    """`count` rollout rows of `env`: its golden cases, scored by its verifier, replicated."""
     from hubgym.builders.registry import resolve_env
-    from hubgym.verifiers.golden import load_golden
 
     builder = resolve_env(env)
     verifier = builder.verifier()
-    cases = load_golden(Path(builder.source_dir()) / builder.GOLDEN, env=env)
+    cases = builder.golden_cases()
+    trajectories = [(dict(c.task), c.completion if c.completion is not None
+                     else verifier.run_episode(dict(c.task), c.actions).completion()) for c in cases]
+    return [stored_row(i, *trajectories[i % len(trajectories)], verifier) for i in range(count)]
+
+
+def stored_row(i: int, task: dict, completion: list[dict], verifier) -> dict:
+    """A rollout row as `hubgym rollout` lays one out (token ids synthetic: re-scoring never reads them)."""
+    score = verifier.score(task, completion)
+    metrics = [{"name": f"reward/{k}", "value": v} for k, v in score.components.items()]
+    metrics.append({"name": "success", "value": float(score.error is None and verifier.succeeded(score))})
+    return {
+        "rollout_id": f"bench-{task['id']}-{i}", "run_id": "bench", "task_id": task["id"], "env": task["env"],
+        "group": f"bench-{task['id']}", "sample": i, "prompt": task["prompt"], "completion": completion,
+        "info": task["info"], "interaction": task["interaction"], "prompt_ids": list(range(1, 65)),
+        "completion_ids": [7] * 32, "completion_mask": [1] * 32, "completion_logprobs": [-1.0] * 32,
+        "tokens_consistent": True, "reward": score.reward, "metrics": metrics, "finish_reason": "stop",
+        "truncated": False, "num_turns": 1, "error": score.error,
+        "provenance": {"model": "golden", "policy_version": 0, "sampling": "{}", "env_repo": None,
+                       "env_revision": None, "verifier_module": verifier.name, "verifier_sha256": verifier.sha256,
+                       "engine": "none", "engine_version": "0", "chat_template_sha256": None},
+        "timings": {"generate_s": 0.0, "tools_s": 0.0, "score_s": 0.0, "total_s": 0.0},
+        "created_at": dt.datetime.now(dt.timezone.utc),
+    }
+
+
+def write_run(folder: Path, rows: list[dict]) -> Path:
+    from hubgym.rollout.writer import ShardWriter
+
+    writer = ShardWriter(folder, "w000of001", max_rows=512)
+    for start in range(0, len(rows), 512):
+        writer.add_group(rows[start:start + 512])
+    writer.flush()
+    return folder
+
+
+def vllm_run(folder: Path, env: str, tasks: int, n: int) -> Path:
+    """A real rollout run: vLLM's offline engine, the tiny local model."""
+    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.rollout.tiny_model import default_tiny_model
+
+    config = RolloutConfig(envs=[env], model=str(default_tiny_model()), out=str(folder), n=n, limit=tasks,
+                           split="train", sampling=SamplingArgs(max_tokens=24), max_model_len=1024)
+    run_rollouts(config, progress=False)
+    return folder
+
+
+# ---------------------------------------------------------------- the two sides
+
+def hubgym_rates(run: Path, out: Path, repeats: int) -> dict[str, float]:
+    """Median rows/s of `rescore`: 1 process, every core, 1 process writing shards (after one warm-up)."""
+    from hubgym.score.rescore import rescore
+
+    rescore(run, workers=1)  # imports the verifier, warms polars: not what a large re-score pays per row
+    rates: dict[str, list[float]] = {"one": [], "all": [], "write": []}
+    for _ in range(repeats):
+        for key, workers, target in (("one", 1, None), ("all", os.cpu_count(), None), ("write", 1, out)):
+            result = rescore(run, workers=workers, out=target)
+            if result.changed or result.counts["rescore_errors"].sum():
+                raise RuntimeError(f"{run}: a re-score with the same verifier changed {result.changed} rows")
+            rates[key].append(result.rows_per_s)
+    return {key: statistics.median(values) for key, values in rates.items()}
+
+
+def reward_code_rate(run: Path, env: str, repeats: int) -> float:
+    """Median rows/s of `Verifier.score` alone, in a plain loop over rows decoded beforehand: the floor."""
+    import pyarrow as pa
+
+    from hubgym.builders.registry import resolve_env
+
+    verifier = resolve_env(env).verifier()
     rows = []
-    for i in range(count):
-        case = cases[i % len(cases)]
-        task, completion = dict(case.task), case.completion
-        if completion is None:  # multi_turn cases store actions: the episode gives the trajectory
-            completion = verifier.run_episode(task, case.actions).completion()
-        score = verifier.score(task, completion)
-        rows.append(row(env, i, 0, score.reward if score.reward is not None else 0.0, task_id=task["id"],
-                        prompt=task["prompt"], completion=completion, info=task["info"],
-                        interaction=task["interaction"],
-                        metrics=[{"name": f"reward/{k}", "value": v} for k, v in score.components.items()]))
-    return rows
+    for path in sorted((run / "shards").glob("*.arrow")):
+        for row in pa.ipc.open_file(path).read_all().select(list(COLUMNS)).to_pylist():
+            info = json.loads(row["info"]) if isinstance(row["info"], str) else row["info"]
+            rows.append(({"id": row["task_id"], "env": env, "prompt": row["prompt"], "info": info,
+                          "interaction": row["interaction"]}, row["completion"]))
+    rates = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for task, completion in rows:
+            verifier.score(task, completion)
+        rates.append(len(rows) / (time.perf_counter() - started))
+    return statistics.median(rates)
 
 
-class _ErrorCount(logging.Handler):
-    """verifiers logs (and scores 0.0) a reward function that raises: count those, so none goes unseen."""
+def verifiers_rates(python: str, run: Path, env: str, repeats: int) -> dict[str, float]:
+    done = subprocess.run([python, __file__, "--worker", str(run), env, str(repeats)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"verifiers worker failed for {env}: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+class _Errors(logging.Handler):
+    """verifiers logs a reward function that raises (and scores it 0.0): count them, none may go unseen."""
 
     count = 0
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR:
-            self.count += 1
+        self.count += record.levelno >= logging.ERROR
 
 
-def verifiers_worker(rows_file: str) -> None:
-    """Runs in the verifiers venv: score the rows with a verifiers Rubric; print rows/s as JSON."""
+def rubric_for(verifier, shaped: bool):
+    """A verifiers Rubric with one reward function per hubgym reward component, same weights."""
+    import verifiers as vf
+
+    from hubgym.verifiers.contract import actions_of
+    from hubgym.verifiers.rewards import tool_call_reward
+
+    def component(fn, name):
+        def reward(completion, info) -> float:
+            return fn(info["task"], completion)
+        reward.__name__ = name
+        return reward
+
+    funcs, weights = [], []
+    for name, (fn, weight) in verifier.rewards.items():
+        funcs.append(component(fn, name))
+        weights.append(weight)
+    if verifier.multi_turn:
+        steps = lambda task, completion: sum(s.reward for s in verifier.run_episode(task, actions_of(completion)).steps)
+        funcs.append(component(steps, "steps"))
+        weights.append(1.0)
+    if shaped:
+        funcs.append(component(tool_call_reward, "tool_calls"))
+        weights.append(1.0)
+    return vf.Rubric(funcs=funcs, weights=weights)
+
+
+def verifiers_worker(run: str, env: str, repeats: int) -> None:
+    """In the verifiers venv: read the run's shards, score every row with a Rubric; print rows/s as JSON."""
     import asyncio
 
-    import verifiers as vf
+    import pyarrow as pa
     from verifiers.legacy.types import State
 
-    from hubgym.verifiers.contract import load_verifier
+    from hubgym.builders.registry import resolve_env
 
-    items = [json.loads(line) for line in Path(rows_file).read_text().splitlines()]
-    verifier = load_verifier(items[0]["verifier"])
-    tasks = [item["task"] for item in items]
-
-    def hubgym_reward(completion, info) -> float:
-        score = verifier.score(tasks[info["index"]], completion)
-        return score.reward if score.reward is not None else 0.0
-
-    rubric = vf.Rubric(funcs=[hubgym_reward], weights=[1.0])
-    errors = _ErrorCount()
+    verifier = resolve_env(env).verifier()
+    errors = _Errors()
     logging.getLogger().addHandler(errors)
-    # verifiers' State reads prompt/answer/info through its `input`: the row index travels there
-    states = [State(prompt=item["task"]["prompt"], completion=item["completion"], trajectory=[],
-                    input={"prompt": item["task"]["prompt"], "answer": "", "info": {"index": i}})
-              for i, item in enumerate(items)]
-    started = time.perf_counter()
-    asyncio.run(rubric.score_group(states))
-    seconds = time.perf_counter() - started
-    mean = sum(s["reward"] for s in states) / len(states)
-    print(json.dumps({"rows": len(states), "seconds": seconds, "mean_reward": mean}))
-    if errors.count:
-        raise SystemExit(f"{errors.count} reward calls failed in verifiers: the comparison would be void")
+    shards = sorted(Path(run, "shards").glob("*.arrow"))
+    total, scoring = [], []
+    for _ in range(repeats + 1):  # the first round warms up (imports, first calls) and is not counted
+        rows, reading, scored, worst = 0, 0.0, 0.0, 0.0
+        for path in shards:  # shard by shard, as hubgym streams: one shard's states alive at a time
+            started = time.perf_counter()
+            states, stored = read_states(pa, State, path)
+            rubric = rubric_for(verifier, any(s["input"]["info"]["task"]["interaction"]["tool_rewards"]
+                                              for s in states))
+            ready = time.perf_counter()
+            asyncio.run(rubric.score_group(states))
+            reading, scored = reading + ready - started, scored + time.perf_counter() - ready
+            rows += len(states)
+            worst = max(worst, *(abs(s["reward"] - r) for s, r in zip(states, stored)))
+        total.append(rows / (reading + scored))
+        scoring.append(rows / scored)
+        if worst > 1e-9 or errors.count:
+            raise SystemExit(f"{env}: verifiers did not reproduce the stored rewards (max diff {worst}, "
+                             f"{errors.count} failed reward calls): the comparison would be void")
+    print(json.dumps({"rows": rows, "total": statistics.median(total[1:]), "score": statistics.median(scoring[1:])}))
 
+
+def read_states(pa, State, path: Path) -> tuple[list, list[float]]:
+    """One shard as verifiers States (the task rides in `info`), and the stored rewards."""
+    table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+    cols = {name: table.column(name).to_pylist() for name in COLUMNS}
+    states = []
+    for i in range(table.num_rows):
+        info = cols["info"][i]
+        task = {"id": cols["task_id"][i], "env": cols["env"][i], "prompt": cols["prompt"][i],
+                "info": json.loads(info) if isinstance(info, str) else info, "interaction": cols["interaction"][i]}
+        states.append(State(prompt=task["prompt"], completion=cols["completion"][i], trajectory=[],
+                            input={"prompt": task["prompt"], "answer": "", "info": {"task": task}}))
+    return states, cols["reward"]
+
+
+# ---------------------------------------------------------------- main
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--verifiers-python", required=True, help="python of the venv where verifiers is installed")
-    parser.add_argument("--rows", type=int, default=2000, help="stored rollouts per env")
-    parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--verifiers-python", help="python of the venv where verifiers 0.3.1 is installed")
+    parser.add_argument("--rows", type=int, default=4000, help="stored rollouts per env (golden cases replicated)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vllm-env", default="arithmetic:medium", help="env of the real vLLM run ('' for none)")
+    parser.add_argument("--vllm-tasks", type=int, default=256)
+    parser.add_argument("--n", type=int, default=8, help="samples per task of the vLLM run")
+    parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
+    parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        return verifiers_worker(args.worker)
+        return verifiers_worker(args.worker[0], args.worker[1], int(args.worker[2]))
+    if not args.verifiers_python:
+        parser.error("--verifiers-python is required")
 
     from rich.console import Console
-    from rich.table import Table
 
-    from hubgym.builders.registry import BUILTIN_ENVS, resolve_env
-    from hubgym.rollout.writer import ShardWriter
-    from hubgym.score.rescore import rescore
-
-    load = os.getloadavg()
-    table = Table("env", "rows", "hubgym rows/s (1 process)", f"hubgym rows/s ({os.cpu_count()} processes)",
-                  "verifiers rows/s", "hubgym / verifiers", title="re-scoring stored rollouts")
-    tmp = Path(tempfile.mkdtemp(prefix="hubgym-bench-score-"))
-    for env in BUILTIN_ENVS:
-        rows = golden_rows(env, args.rows)
-        writer = ShardWriter(tmp / env, "w000of001", max_rows=512)
-        writer.add_group(rows)
-        writer.flush()
-        one = rescore([tmp / env], workers=1)
-        many = rescore([tmp / env], workers=os.cpu_count())
-        assert one.changed == 0, f"{env}: stored rewards differ from a re-score"
-        rows_file = tmp / f"{env}.jsonl"
-        verifier = resolve_env(env).verifier()
-        rows_file.write_text("".join(json.dumps({"verifier": verifier.name, "task": {
-            "id": r["task_id"], "env": env, "prompt": r["prompt"], "info": r["info"], "interaction": r["interaction"]},
-            "completion": r["completion"]}, default=str) + "\n" for r in rows))
-        done = subprocess.run([args.verifiers_python, __file__, "--verifiers-python", args.verifiers_python,
-                               "--worker", str(rows_file)], capture_output=True, text=True,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=1800)
-        if done.returncode != 0:
-            raise RuntimeError(f"verifiers worker failed for {env}: {done.stderr[-2000:]}")
-        theirs = json.loads(done.stdout.strip().splitlines()[-1])
-        stored_mean = sum(r["reward"] for r in rows) / len(rows)
-        assert abs(theirs["mean_reward"] - stored_mean) < 1e-9, f"{env}: verifiers scored {theirs['mean_reward']}"
-        ours = one.rows / one.seconds
-        table.add_row(env, f"{one.rows:,}", f"{ours:,.0f}", f"{many.rows / many.seconds:,.0f}",
-                      f"{theirs['rows'] / theirs['seconds']:,.0f}", f"{ours / (theirs['rows'] / theirs['seconds']):.1f}x")
-    console = Console(width=150, record=True)
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="hubgym-bench-score-") as folder:
+        table = measure(Path(folder), args)
+    load_end = os.getloadavg()
+    console = Console(width=170, record=True)
     console.print(table)
     if not args.no_write:
-        body = (f"{HEADING}\n\nMeasured {dt.date.today()} with `python bench/bench_score.py --verifiers-python VENV/bin/python` "
-                f"on {platform.machine()} ({os.cpu_count()} cores), load average {load[0]:.2f} at start; verifiers 0.3.1. "
-                f"Rows per env: golden cases replicated to {args.rows} (real verifier scores, synthetic token ids).\n\n"
-                f"```\n{console.export_text()}```\n\nhubgym's rows/s include reading the Arrow shards, decoding rows, "
-                f"scoring and building the new columns (no output written); verifiers' include only "
-                f"`Rubric.score_group` on states built before the clock starts. Both call the same hubgym verifier "
-                f"code, so the ratio is the cost of the frameworks around it. Target: hubgym at least 10x.\n")
-        text = RESULTS.read_text()
-        if HEADING in text:
-            start = text.index(HEADING)
-            end = text.find("\n## ", start + len(HEADING))
-            text = text[:start] + body + (text[end + 1:] if end >= 0 else "")
-        else:
-            text = text.rstrip() + "\n\n" + body
-        RESULTS.write_text(text)
+        write_results(console.export_text(), args, load_start, load_end)
+
+
+def measure(tmp: Path, args):
+    """Write the stored runs under `tmp`, measure both sides on each; the rich table of rows/s."""
+    from rich.table import Table
+
+    from hubgym.builders.registry import BUILTIN_ENVS
+
+    runs = [(env, env, write_run(tmp / env, golden_rows(env, args.rows))) for env in BUILTIN_ENVS]
+    if args.vllm_env:
+        env = args.vllm_env.split(":")[0]
+        runs.append((f"{env} (vLLM run)", env, vllm_run(tmp / "vllm", args.vllm_env, args.vllm_tasks, args.n)))
+    cores = os.cpu_count()
+    table = Table("env", "rows", "reward code alone", "hubgym 1 proc", f"hubgym {cores} procs", "hubgym 1 proc + write",
+                  "verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)",
+                  title="re-scoring stored rollouts: rows/s (median of repeats)")
+    for label, env, run in runs:
+        floor = reward_code_rate(run, env, args.repeats)
+        ours = hubgym_rates(run, tmp / "out" / label.replace(" ", "_"), args.repeats)
+        theirs = verifiers_rates(args.verifiers_python, run, env, args.repeats)
+        best = max(ours["one"], ours["all"])
+        table.add_row(label, f"{theirs['rows']:,}", f"{floor:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
+                      f"{ours['write']:,.0f}", f"{theirs['total']:,.0f}", f"{theirs['score']:,.0f}",
+                      f"{ours['one'] / theirs['total']:.1f}x; {best / theirs['total']:.1f}x")
+    return table
+
+
+def write_results(table: str, args, load_start, load_end) -> None:
+    """Replace this benchmark's section of RESULTS.md (and only it)."""
+    import pyarrow
+    import vllm
+
+    body = (f"{HEADING}\n\nMeasured {dt.date.today()} with `python bench/bench_score.py --verifiers-python "
+            f"VENV/bin/python --rows {args.rows} --repeats {args.repeats}` on {platform.machine()} "
+            f"({os.cpu_count()} cores, no GPU); load average {load_start[0]:.2f} at the start and {load_end[0]:.2f} at "
+            f"the end (other jobs shared the machine). verifiers 0.3.1, pyarrow {pyarrow.__version__}, "
+            f"vLLM {vllm.__version__}. Each built-in env: its golden cases replicated to {args.rows} stored rows; "
+            f"`{args.vllm_env} (vLLM run)`: {args.vllm_tasks} tasks x {args.n} samples of a real vLLM run "
+            f"with the tiny model.\n\n```\n{table}```\n")
+    text = RESULTS.read_text()
+    if HEADING in text:
+        start = text.index(HEADING)
+        end = text.find("\n## ", start + len(HEADING))
+        section = text[start:end if end >= 0 else len(text)]
+        kept = section[section.index(NOTES):].rstrip() + "\n" if NOTES in section else ""  # written by hand
+        text = text[:start] + body + ("\n" + kept if kept else "") + ("\n" + text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip() + "\n\n" + body
+    RESULTS.write_text(text)
 
 
 if __name__ == "__main__":

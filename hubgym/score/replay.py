@@ -1,47 +1,83 @@
 """Replay stored rollouts: re-run multi_turn dynamics from the stored actions, and audit the tokens.
 
-    report = replay(["runs/r1"], model="model_dir")      # every row of every shard
-    report.diverged                                       # ReplayResult for each row that did not reproduce
+    report = replay("runs/r1", model="model_dir")        # every row of every shard (or a hub ref, or rows)
+    report.diverged                                       # ReplayResult of each row whose dynamics did not reproduce
+    replay_rollout(row, verifier).divergence              # one row: Divergence(turn=2, field="observation", ...)
+    audit_tokens(row, tokenizer).index                    # first stored token the chat template does not produce
 
-Dynamics: the verifier's pure `reset`/`step` are run on the stored actions (the assistant turns
-that are not tool calls); the reset observation, every stored observation and every stored
-per-step reward (`step/<i>/reward` metrics) must come out the same. The first difference is
-reported with its turn and field.
+Dynamics: the verifier's pure `reset`/`step` run on the stored actions (the assistant turns that
+are not tool calls), exactly as the rollout loop stepped them. The reset observation, every
+observation, every per-step reward (`step/<i>/reward` metrics), where the episode ended and the
+turn count must come out the same; the first difference is reported with its turn (1 = after the
+first assistant turn, 0 = the reset) and field. Tool results are not re-run (re-scoring covers them).
 
-Tokens: the chat template is applied again to the stored messages, and the stored token ids
-(decoded) must read as that rendering, turn after turn. A template that rewrites earlier turns
-(for instance one that strips the reasoning of past turns) shows up here, with the character
-offset and the turn where the stored record and the template part ways.
+Tokens: the chat template is applied again to the stored messages; the stored `prompt_ids +
+completion_ids`, decoded, must read as that rendering. A template that rewrites earlier turns
+(Qwen3-style removal of past reasoning, say) fails here, with the first stored token it does not
+produce, the turn that token belongs to and the text around it on both sides.
 """
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator
 
-from hubgym.verifiers.contract import Verifier, actions_of
+from hubgym.errors import EnvNotFoundError, RolloutNotFoundError, VerifierLoadError, Where
+from hubgym.verifiers.contract import Verifier
+
+CUT = ("length", "context_length")  # finish reasons of a reply cut short: the loop does not step it
+CONTEXT = 40  # characters of text shown on each side of a token-audit mismatch
 
 
 @dataclass(frozen=True)
 class Divergence:
-    turn: int  # 0 = the reset observation; i = after the i-th action
-    field: str  # observation | reward | done | token
+    """The first place where replaying a row's actions disagrees with what the row stores."""
+
+    turn: int  # assistant turn after which it shows (1-based; 0 = the reset observation)
+    field: str  # observation | reward | done | num_turns | error
     stored: Any
     replayed: Any
+
+    def __str__(self) -> str:
+        return f"turn {self.turn} {self.field}: stored {self.stored!r}, replayed {self.replayed!r}"
+
+
+@dataclass(frozen=True)
+class TokenAudit:
+    """Whether the stored token ids are the chat template's rendering of the stored messages."""
+
+    tokens: int  # len(prompt_ids) + len(completion_ids)
+    index: int | None = None  # first stored token (into prompt_ids + completion_ids) the template does not produce
+    turn: int | None = None  # assistant turn that token belongs to (0 = the prompt)
+    part: str | None = None  # prompt | model (sampled, mask 1) | env (tool/env/template, mask 0)
+    stored: str = ""  # decoded stored text around the mismatch
+    rendered: str = ""  # the template's text at the same place
+
+    @property
+    def ok(self) -> bool:
+        return self.index is None
 
 
 @dataclass
 class ReplayResult:
     rollout_id: str
     env: str
-    replayed: bool  # False for rows with no dynamics to replay (single_turn, tool_use)
+    kind: str  # the row's interaction kind; only multi_turn rows have dynamics to replay
+    steps: int = 0  # env steps replayed
     divergence: Divergence | None = None
-    token_divergence: Divergence | None = None
+    audit: TokenAudit | None = None  # None when no tokenizer was given
+    verifier_changed: bool = False  # the verifier's sha256 differs from the one in the row's provenance
+
+    @property
+    def replayed(self) -> bool:
+        return self.kind == "multi_turn"
 
     @property
     def ok(self) -> bool:
-        return self.divergence is None and self.token_divergence is None
+        return self.divergence is None and (self.audit is None or self.audit.ok)
 
 
 @dataclass
@@ -50,106 +86,288 @@ class ReplayReport:
 
     @property
     def diverged(self) -> list[ReplayResult]:
-        return [r for r in self.results if not r.ok]
+        return [r for r in self.results if r.divergence is not None]
 
-    def counts(self) -> dict[str, int]:
-        return {"rollouts": len(self.results), "replayed": sum(r.replayed for r in self.results),
-                "reproduced": sum(r.replayed and r.divergence is None for r in self.results),
-                "diverged": sum(r.divergence is not None for r in self.results),
-                "token_audit_failures": sum(r.token_divergence is not None for r in self.results)}
+    @property
+    def token_failures(self) -> list[ReplayResult]:
+        return [r for r in self.results if r.audit is not None and not r.audit.ok]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.results)
+
+    def counts(self, env: str | None = None) -> dict[str, int]:
+        rows = [r for r in self.results if env is None or r.env == env]
+        return {"rollouts": len(rows), "replayed": sum(r.replayed for r in rows),
+                "reproduced": sum(r.replayed and r.divergence is None for r in rows),
+                "diverged": sum(r.divergence is not None for r in rows),
+                "token_audited": sum(r.audit is not None for r in rows),
+                "token_audit_failures": sum(r.audit is not None and not r.audit.ok for r in rows)}
 
 
-def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> Divergence | None:
-    """The first place where re-running reset/step on the stored actions differs from the row."""
-    task = {"id": row["task_id"], "env": row["env"], "prompt": row["prompt"], "info": row["info"],
+# ---- dynamics ---------------------------------------------------------------------------------------------------
+
+
+def replay_rollout(row: dict[str, Any], verifier: Verifier, renderer: Any = None) -> ReplayResult:
+    """Replay one row's multi_turn dynamics (and audit its tokens when a tokenizer or renderer is given)."""
+    result = ReplayResult(row["rollout_id"], row["env"], row["interaction"]["kind"])
+    result.verifier_changed = (row.get("provenance") or {}).get("verifier_sha256") not in (None, verifier.sha256)
+    if result.replayed:
+        if not verifier.multi_turn:
+            raise VerifierLoadError(f"the row is multi_turn but verifier {verifier.name!r} has no reset/step",
+                                    Where(env=row["env"], row=row["rollout_id"], field="interaction.kind"),
+                                    "replay it with the env's own verifier (leave out --verifier, or name that one)")
+        result.divergence, result.steps = replay_dynamics(row, verifier)
+    if renderer is not None:
+        result.audit = audit_tokens(row, renderer)
+    return result
+
+
+def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence | None, int]:
+    """(the first divergence or None, env steps replayed), stepping the actions the way the loop did."""
+    completion = row["completion"]
+    turns = [i for i, m in enumerate(completion) if m["role"] == "assistant"]
+    if row["num_turns"] != len(turns):
+        return Divergence(len(turns), "num_turns", row["num_turns"], len(turns)), 0
+    rewards = stored_step_rewards(row)
+    failed = row["error"] if (row.get("error") or {}).get("boundary") == "env" else None
+    try:
+        task, state, observation, stored = _reset(row, verifier)
+    except Exception as exc:  # reset raised: only a row that recorded the same env error reproduces
+        return _raised(0, failed, exc), 0
+    if stored != (observation or None):
+        return Divergence(0, "observation", stored, observation), 0
+    actions = [(n, i) for n, i in enumerate(turns, 1) if not completion[i].get("tool_calls")]
+    if actions and _was_cut(row, actions[-1][1], rewards, len(actions)):
+        actions = actions[:-1]
+    done = False
+    for k, (turn, i) in enumerate(actions):
+        if done:  # the env had ended the episode, yet the row goes on
+            return Divergence(actions[k - 1][0], "done", False, True), k
+        try:
+            state, observation, reward, done = verifier.step(task, state, completion[i]["content"] or "")
+        except Exception as exc:  # reproduces only as the row's own env error, on its last action
+            return _raised(turn, failed if k == len(actions) - 1 else None, exc), k
+        following = completion[i + 1] if i + 1 < len(completion) else None
+        stored = following["content"] if following and following["role"] == "user" else None
+        if stored != (observation or None):
+            return Divergence(turn, "observation", stored, observation or None), k + 1
+        if rewards is not None and not _same(rewards.get(k), reward):
+            return Divergence(turn, "reward", rewards.get(k), float(reward)), k + 1
+    last = actions[-1][0] if actions else 0
+    if failed:  # the row says the env raised, but every step ran
+        return Divergence(last, "error", f"{failed['type']}: {failed['message']}", None), len(actions)
+    if rewards is not None and len(rewards) > len(actions):
+        extra = min(set(rewards) - set(range(len(actions))))
+        return Divergence(last + 1, "reward", rewards[extra], None), len(actions)
+    stopped = (row.get("error") or {}).get("boundary") not in (None, "verifier")  # a failure ended it early
+    if not done and not row["truncated"] and not stopped and row["finish_reason"] not in CUT:
+        return Divergence(last, "done", True, False), len(actions)  # stored as finished; the env had not ended it
+    return None, len(actions)
+
+
+def stored_step_rewards(row: dict[str, Any]) -> dict[int, float] | None:
+    """{step index: reward} from the `step/<i>/reward` metrics; None for rows written before they were stored."""
+    found = {}
+    for m in row.get("metrics") or []:
+        parts = m["name"].split("/")
+        if len(parts) == 3 and parts[0] == "step" and parts[2] == "reward" and parts[1].isdigit():
+            found[int(parts[1])] = m["value"]
+    return found or None
+
+
+def _reset(row: dict[str, Any], verifier: Verifier) -> tuple[dict, Any, str, str | None]:
+    """reset() on the task the loop saw: the stored prompt without the reset observation the loop appended.
+
+    Returns (task, state, observation, the observation as stored or None).
+    """
+    prompt = list(row["prompt"])
+    if prompt and prompt[-1]["role"] == "user":
+        task = _task(row, prompt[:-1])
+        state, observation = verifier.reset(task)
+        if observation:
+            return task, state, observation, prompt[-1]["content"]
+    task = _task(row, prompt)
+    state, observation = verifier.reset(task)
+    return task, state, observation, None
+
+
+def _task(row: dict[str, Any], prompt: list[dict]) -> dict[str, Any]:
+    return {"id": row["task_id"], "env": row["env"], "prompt": prompt, "info": row["info"],
             "interaction": row["interaction"]}
-    rewards = {int(m["name"].split("/")[1]): m["value"] for m in row.get("metrics") or []
-               if m["name"].startswith("step/") and m["name"].endswith("/reward")}
-    actions = actions_of(row["completion"])
-    # The loop steps the env once per reply it accepts (a truncated reply is not an action): as many
-    # actions as stored step rewards; rows without them count the actions an observation followed.
-    stepped = len(rewards) if rewards else sum(o is not None for o in _observations(row["completion"]))
-    actions = actions[:stepped]
-    episode = verifier.run_episode(task, actions)
-    stored_reset = row["prompt"][-1]["content"] if row["prompt"] and row["prompt"][-1]["role"] == "user" else ""
-    if episode.observation and episode.observation != stored_reset:
-        return Divergence(0, "observation", stored_reset, episode.observation)
-    observations = _observations(row["completion"])
-    for i, step in enumerate(episode.steps):
-        stored = observations[i] if i < len(observations) else None
-        if step.observation and stored != step.observation:
-            return Divergence(i + 1, "observation", stored, step.observation)
-        if i in rewards and abs(rewards[i] - step.reward) > 1e-9:
-            return Divergence(i + 1, "reward", rewards[i], step.reward)
-    if len(rewards) > len(episode.steps):
-        return Divergence(len(episode.steps) + 1, "done", f"{len(rewards)} steps stored",
-                          f"the episode ended after {len(episode.steps)}")
-    return None
 
 
-def _observations(completion: list[dict]) -> list[str | None]:
-    """The observation that followed each env action (None when the env said nothing)."""
-    out: list[str | None] = []
-    for i, message in enumerate(completion):
-        if message["role"] == "assistant" and not message.get("tool_calls"):
-            following = completion[i + 1] if i + 1 < len(completion) else None
-            out.append(following["content"] if following and following["role"] == "user" else None)
-    return out
+def _was_cut(row: dict[str, Any], last: int, rewards: dict[int, float] | None, actions: int) -> bool:
+    """Whether the row's last action is a reply cut short (by max_tokens or the context), which the loop never steps.
+
+    A run out of context *before* generating also ends in "context_length"; then the last reply was
+    stepped: its observation follows it, or (empty observation) its step reward is stored.
+    """
+    if row["finish_reason"] not in CUT or last != len(row["completion"]) - 1:
+        return False
+    return row["finish_reason"] == "length" or rewards is None or len(rewards) < actions
 
 
-def audit_tokens(row: dict[str, Any], renderer) -> Divergence | None:
-    """Where the stored ids (decoded) stop reading as the chat template's rendering of the messages."""
-    stored = renderer.tokenizer.decode(list(row["prompt_ids"]) + list(row["completion_ids"]),
-                                       skip_special_tokens=False)
-    tools = None
-    if row["interaction"]["tools"]:
-        from hubgym.tools.registry import make_toolbox
-
-        tools = make_toolbox(row["interaction"]["tools"], row).schemas()
-    rendered = renderer.render(list(row["prompt"]) + list(row["completion"]), tools, add_generation_prompt=False)
-    at = _common_prefix(stored, rendered)
-    if at >= len(stored) or at >= len(rendered) or not rendered[at:].strip() or not stored[at:].strip("\ufffd \n"):
-        # One is a prefix of the other (up to the closing of the last turn), or the stored ids end in a
-        # character cut in half by max_tokens (decoded as U+FFFD; the message text drops it).
+def _raised(turn: int, failed: dict | None, exc: Exception) -> Divergence | None:
+    """None when the row recorded this very env error at this point; else an `error` divergence."""
+    if failed and failed["type"] == type(exc).__name__:
         return None
-    turn = rendered[:at].count("<|im_start|>assistant")
-    return Divergence(turn, "token", stored[max(0, at - 20):at + 40], rendered[max(0, at - 20):at + 40])
+    stored = f"{failed['type']}: {failed['message']}" if failed else None
+    return Divergence(turn, "error", stored, f"{type(exc).__name__}: {str(exc)[:200]}")
+
+
+def _same(stored: float | None, replayed: float) -> bool:
+    return stored is not None and math.isclose(stored, float(replayed), rel_tol=1e-9, abs_tol=1e-12)
+
+
+# ---- tokens -----------------------------------------------------------------------------------------------------
+
+
+def audit_tokens(row: dict[str, Any], tokenizer_or_renderer: Any) -> TokenAudit:
+    """Check that the stored ids, decoded, read as the chat template's rendering of the stored messages.
+
+    Compared as text, not ids: the model may sample a spelling the tokenizer would not produce
+    (that is not an error). The first stored token whose text leaves the rendering is reported.
+    """
+    renderer = as_renderer(tokenizer_or_renderer)
+    ids = list(row["prompt_ids"]) + list(row["completion_ids"])
+    if not ids:
+        return TokenAudit(0)
+    messages = list(row["prompt"]) + list(row["completion"])
+    # The record ends with a generation prompt exactly when the last message is not the model's.
+    rendered = renderer.render(messages, _tools(row), add_generation_prompt=messages[-1]["role"] != "assistant")
+    stored = _decode(renderer, ids)
+    at = _common_prefix(stored, rendered)
+    if at == len(stored):
+        return TokenAudit(len(ids))
+    index = _first_token_past(renderer, ids, at)
+    turn, part = _turn_of(row, index)
+    return TokenAudit(len(ids), index, turn, part, _around(stored, at), _around(rendered, at))
+
+
+def as_renderer(tokenizer_or_renderer: Any):
+    """A ChatRenderer from a renderer, a tokenizer, or a model folder."""
+    from hubgym.rollout.tokens import ChatRenderer
+
+    if isinstance(tokenizer_or_renderer, ChatRenderer):
+        return tokenizer_or_renderer
+    if isinstance(tokenizer_or_renderer, (str, Path)):
+        from transformers import AutoTokenizer
+
+        tokenizer_or_renderer = AutoTokenizer.from_pretrained(str(tokenizer_or_renderer))
+    return ChatRenderer(tokenizer_or_renderer)
+
+
+def _tools(row: dict[str, Any]) -> list[dict] | None:
+    """The tool schemas the loop rendered into the prompt."""
+    if not row["interaction"]["tools"]:
+        return None
+    from hubgym.tools.registry import make_toolbox
+
+    return make_toolbox(row["interaction"]["tools"], _task(row, row["prompt"])).schemas()
+
+
+def _decode(renderer, ids: list[int]) -> str:
+    # The fast tokenizer's own decoder when there is one: no clean-up of spaces, and no per-id type checks.
+    backend = getattr(renderer.tokenizer, "backend_tokenizer", None)
+    text = backend.decode(ids, skip_special_tokens=False) if backend else renderer.tokenizer.decode(ids)
+    # A reply cut by max_tokens may end inside a multi-byte character: decoded as U+FFFD, absent from the message.
+    return text.rstrip("\ufffd")
+
+
+def _first_token_past(renderer, ids: list[int], at: int) -> int:
+    """The smallest k whose decoded prefix ids[:k+1] reaches past character `at` (binary search: O(log n) decodes)."""
+    lo, hi = 0, len(ids) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if len(_decode(renderer, ids[:mid + 1])) > at:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _turn_of(row: dict[str, Any], index: int) -> tuple[int, str]:
+    """(assistant turn, part) of a stored token: the prompt is turn 0; each run of sampled tokens starts a turn."""
+    prompt = len(row["prompt_ids"])
+    if index < prompt:
+        return 0, "prompt"
+    mask = list(row["completion_mask"])[: index - prompt + 1]
+    turn = sum(1 for j, m in enumerate(mask) if m == 1 and (j == 0 or mask[j - 1] == 0))
+    return turn, "model" if mask and mask[-1] == 1 else "env"
+
+
+def _around(text: str, at: int) -> str:
+    return text[max(0, at - CONTEXT):at] + "⟨here⟩" + text[at:at + CONTEXT]
 
 
 def _common_prefix(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    """Length of the common prefix (binary search over slice comparisons, which run in C)."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
-def replay(sources: list[str | Path], *, rollout: str | None = None, model: str | Path | None = None,
-           hub: str | None = None) -> ReplayReport:
-    """Replay every row of `sources` (or only `rollout`); audit tokens when a model folder is given."""
-    from hubgym.builders.registry import resolve_env
-    from hubgym.hub.rollouts import iter_rollout_rows
+# ---- many rows --------------------------------------------------------------------------------------------------
 
-    renderer = _renderer(model) if model else None
+
+def iter_replay(rows: Iterable[dict[str, Any]], *, rollout: str | None = None, renderer: Any = None,
+                verifier: str | None = None) -> Iterator[ReplayResult]:
+    """Replay rows one at a time (any iterable: local shards, a Hub stream, a list).
+
+    `verifier` (a module name or .py file) replaces each row's env verifier, as in `hubgym score`.
+    """
     verifiers: dict[str, Verifier] = {}
-    report = ReplayReport()
-    for row in iter_rollout_rows(list(sources), hub=hub):
-        if rollout and row["rollout_id"] != rollout:
+    found = False
+    for row in rows:
+        if rollout is not None and row["rollout_id"] != rollout:
             continue
-        verifier = verifiers.get(row["env"]) or verifiers.setdefault(row["env"], resolve_env(row["env"]).verifier())
-        dynamic = row["interaction"]["kind"] == "multi_turn" and verifier.multi_turn and row.get("error") is None
-        result = ReplayResult(row["rollout_id"], row["env"], dynamic)
-        if dynamic:
-            result.divergence = replay_dynamics(row, verifier)
-        if renderer is not None:
-            result.token_divergence = audit_tokens(row, renderer)
-        report.results.append(result)
-    return report
+        found = True
+        if row["env"] not in verifiers:
+            verifiers[row["env"]] = _verifier_for(row, verifier)
+        yield replay_rollout(row, verifiers[row["env"]], renderer)
+    if rollout is not None and not found:
+        raise RolloutNotFoundError(f"no rollout {rollout!r} in the rows replayed; rollout ids read "
+                                   f"RUN-TASK-SAMPLE (the rollout_id column): check the id and the source, or "
+                                   f"leave out --rollout")
 
 
-def _renderer(model: str | Path):
-    from transformers import AutoTokenizer
+def replay(source: str | os.PathLike | Iterable, *, rollout: str | None = None, model: str | Path | None = None,
+           hub: str | None = None, verifier: str | None = None) -> ReplayReport:
+    """Replay every row of `source` (run folders, shard files, hub refs, or an iterable of row dicts).
 
-    from hubgym.rollout.tokens import ChatRenderer
+    With `model` (a model folder, tokenizer or ChatRenderer) every row's tokens are audited too.
+    """
+    renderer = as_renderer(model) if model is not None else None
+    return ReplayReport(list(iter_replay(rows_of(source, hub), rollout=rollout, renderer=renderer,
+                                         verifier=verifier)))
 
-    return ChatRenderer(AutoTokenizer.from_pretrained(str(model)))
+
+def rows_of(source: str | os.PathLike | Iterable, hub: str | None = None) -> Iterable[dict[str, Any]]:
+    """Rows of a source: run folders, shard files and hub refs `org/name[@rev][:RUN]` are streamed shard by
+    shard (each checked against its recorded sha256); any other iterable is taken as the rows themselves."""
+    from hubgym.hub.rollouts import iter_rollouts
+
+    if isinstance(source, (str, os.PathLike)):
+        source = [source]
+    if isinstance(source, (list, tuple)) and all(isinstance(s, (str, os.PathLike)) for s in source):
+        return iter_rollouts(list(source), hub=hub)
+    return source
+
+
+def _verifier_for(row: dict[str, Any], module: str | None) -> Verifier:
+    from hubgym.builders.registry import resolve_env
+    from hubgym.verifiers.contract import load_verifier
+
+    if module:
+        return load_verifier(module, env=row["env"])
+    try:
+        return resolve_env(row["env"]).verifier()
+    except EnvNotFoundError as exc:
+        raise EnvNotFoundError(f"{exc}; replaying rollouts of env {row['env']!r} needs its verifier: install the env "
+                               f"or pass --verifier (a module name or .py file)") from None

@@ -1,215 +1,194 @@
-"""Re-score stored rollouts, in parallel over cores, and write them back with the new rewards.
+"""Re-score stored rollouts with any verifier version, in parallel over cores; write them back with a diff.
 
-The verifier is the env's current one (by the `env` of each row), a module (`verifier=`: a
-file path or an importable name) or the verifier of a hub env revision (`env_revision=`, run
-only when pinned or trusted). Output shards keep every original column and add
-`rescore_reward`, `rescore_metrics`, `rescore_error`, `rescore_verifier_module` and
-`rescore_verifier_sha256`; `diff` compares the old and new rewards per env and per component.
+    result = rescore("runs/r1")                                            # each env's current verifier
+    result = rescore("runs/r1", verifier="my_envs/arith_v2.py", out="runs/r1-v2")
+    result = rescore(["org/rollouts@3f1c2e9:r1"], env_revision="org/arith@9e1f0aa", pin="sha256:...")
+    result.diff, result.changes, result.counts                             # polars frames (see diff.py)
+
+No model and no tool runs: a stored row holds the prompt, completion, info and interaction its
+verifier reads, and verifiers are pure, so batches are scored by a process pool in any order and
+put back in input order. At most 2 x workers batches are in flight: memory stays bounded however
+many rows stream through. Output shards (if `out`) keep every column and add the `rescore_*`
+columns of scoring.RESCORE_SCHEMA; re-scoring a re-scored folder replaces those columns.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections import deque
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from hubgym.fileio import atomic_write_bytes
-from hubgym.hub.rollouts import decode_row, iter_rollout_batches
-from hubgym.verifiers.contract import Verifier
+from hubgym.errors import ShardError
+from hubgym.score.choice import VerifierArg, VerifierChoice, VerifierSpec
+from hubgym.score.diff import Tally, plot_diff
+from hubgym.score.output import RescoreOutput
+from hubgym.score.scoring import RESCORE_SCHEMA, SCORED_COLUMNS, score_batch, score_ipc, slim, to_ipc
+from hubgym.score.sources import Source, open_source
 
-TASK_COLUMNS = ["rollout_id", "task_id", "env", "prompt", "completion", "info", "interaction", "reward", "metrics",
-                "error"]
-NEW_FIELDS = [
-    pa.field("rescore_reward", pa.float64()),
-    pa.field("rescore_metrics", pa.list_(pa.struct([("name", pa.string()), ("value", pa.float64())]))),
-    pa.field("rescore_error", pa.string()),
-    pa.field("rescore_verifier_module", pa.string()),
-    pa.field("rescore_verifier_sha256", pa.string()),
-]
+REQUIRED = sorted({*SCORED_COLUMNS, "rollout_id", "run_id", "reward", "metrics"})
+Progress = Callable[[int, "int | None"], None]  # (rows just re-scored, total rows if known)
+
+__all__ = ["RescoreResult", "plot_diff", "rescore"]
 
 
 @dataclass
 class RescoreResult:
     rows: int
-    changed: int  # rows whose reward changed (a reward that appeared or vanished counts)
-    diff: pl.DataFrame  # env, component, rows, changed, mean_old, mean_new, max_abs_delta
+    changed: int  # rows whose total reward changed (moved, appeared or vanished)
+    diff: pl.DataFrame  # per env and component (`*` = total): rows, changed, mean_old, mean_new, max_abs_delta
+    changes: pl.DataFrame  # every (rollout_id, env, component) that changed, with old and new values
+    counts: pl.DataFrame  # per env: rows, rescored, carried, stored_errors, null_rewards, rescore_errors, changed
+    pairs: pl.DataFrame  # (env, old, new, rows): stored vs new total rewards, for plot_diff
+    verifiers: dict[str, VerifierSpec]  # env -> the verifier that scored its rows
+    unused: list[str]  # verifiers asked for that matched no row (e.g. --verifier ENV=... for an absent env)
     shards: list[Path]
+    manifest: Path | None
     seconds: float
-    verifiers: dict[str, str]  # env -> "module sha256[:12]" used
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / max(self.seconds, 1e-9)
 
 
-@dataclass(frozen=True)
-class VerifierChoice:
-    """Which verifier scores a row: picklable, so worker processes resolve it themselves."""
+def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: str | None = None,
+            out: str | Path | None = None, workers: int | None = None, trust: bool = False, pin: str | None = None,
+            hub=None, progress: Progress | None = None) -> RescoreResult:
+    """Re-score every row of `source` (run folders, shard files, hub refs or record batches).
 
-    module: str | None = None
-    env_revision: str | None = None
-    hub: str | None = None
-    trust: bool = False
-    pin: str | None = None
-
-    def for_env(self, env: str) -> Verifier:
-        return _resolve(self, env)
-
-
-@lru_cache(maxsize=64)
-def _resolve(choice: VerifierChoice, env: str) -> Verifier:
-    if choice.module:
-        from hubgym.verifiers.contract import load_verifier
-
-        return load_verifier(choice.module, env=env)
-    if choice.env_revision:
-        from hubgym.hub.load import load_env
-
-        return load_env(choice.env_revision, trust=choice.trust, pin=choice.pin, hub=choice.hub).verifier
-    from hubgym.builders.registry import resolve_env
-
-    return resolve_env(env).verifier()
-
-
-def score_rows(choice: VerifierChoice, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """New reward, components and error of each row (runs in a worker process)."""
-    out = []
-    for row in rows:
-        verifier = choice.for_env(row["env"])
-        task = {"id": row["task_id"], "env": row["env"], "prompt": row["prompt"], "info": row["info"],
-                "interaction": row["interaction"]}
-        score = verifier.score(task, row["completion"])
-        error = score.error
-        out.append({
-            "rescore_reward": None if error else score.reward,
-            "rescore_metrics": [{"name": f"reward/{k}", "value": float(v)} for k, v in score.components.items()],
-            "rescore_error": f"{error['type']}: {error['message']}" if error else None,
-            "rescore_verifier_module": verifier.name, "rescore_verifier_sha256": verifier.sha256,
-        })
-    return out
-
-
-def rescore(sources: list[str | Path], *, verifier: str | None = None, env_revision: str | None = None,
-            out: str | Path | None = None, workers: int | None = None, hub: str | None = None, trust: bool = False,
-            pin: str | None = None, progress=None) -> RescoreResult:
-    """Re-score every row of `sources`; write shards under `out` (if given); return the diff."""
+    verifier: `MODULE` (the rows' one env), `ENV=MODULE` (repeatable) or {env: module}; other envs
+    keep their current verifier. env_revision: `org/name@rev`, whose verifier scores rows of its env
+    (runs only if pinned by `pin` or `trust`). workers: processes (1 = in-process; default: every core
+    when the work is worth starting a pool, see Scorer).
+    """
     started = time.perf_counter()
-    choice = VerifierChoice(verifier, env_revision, None if hub is None else str(hub), trust, pin)
-    workers = workers or os.cpu_count() or 1
-    out_dir = Path(out) / "shards" if out else None
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    shards, compared = [], []
-    batches = iter_rollout_batches(list(sources), hub=hub)
-    with ProcessPoolExecutor(workers) if workers > 1 else _Inline() as pool:
-        for i, (batch, scores) in enumerate(_scored(pool, choice, batches, workers)):
-            table = _with_scores(batch, scores)
-            compared.append(table.select(["env", "reward", "metrics", "rescore_reward", "rescore_metrics",
-                                          "rescore_verifier_module", "rescore_verifier_sha256"]))
-            if out_dir:
-                shards.append(_write(out_dir / f"rescored-{i:05d}.arrow", table))
+    choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
+    stored = open_source(source, hub=hub)
+    output = RescoreOutput(out, stored.local) if out is not None else None
+    tally, run_ids = Tally(), set()
+    with Scorer(workers, stored.rows) as scorer:
+        for batch, scores in _in_order(scorer, choice, stored.batches):
+            table = with_scores(batch, scores)
+            tally.add(table)
+            run_ids.update(pc.unique(batch.column("run_id")).to_pylist())
+            if output:
+                output.write(table)
             if progress:
-                progress(batch.num_rows)
-    frame = pl.from_arrow(pa.concat_tables(compared)) if compared else pl.DataFrame()
-    diff = diff_table(frame) if len(frame) else pl.DataFrame()
-    changed = int(_changed(frame).sum()) if len(frame) else 0
-    used = {r["env"]: f"{r['rescore_verifier_module']} {str(r['rescore_verifier_sha256'])[:12]}"
-            for r in frame.unique("env").iter_rows(named=True)} if len(frame) else {}
-    return RescoreResult(len(frame), changed, diff, shards, time.perf_counter() - started, used)
+                progress(batch.num_rows, stored.rows)
+    diff = tally.result()
+    result = RescoreResult(int(diff.counts["rows"].sum()), int(diff.counts["changed"].sum()), diff.summary,
+                           diff.changes, diff.counts, diff.pairs, dict(choice.specs), choice.unused(),
+                           output.shards() if output else [], None, 0.0)
+    result.seconds = time.perf_counter() - started
+    if output:
+        result.manifest = output.finish(_run_id(run_ids), _record(result, stored.names, verifier, env_revision),
+                                        _envs(result.verifiers))
+    return result
 
 
-def _scored(pool, choice: VerifierChoice, batches: Iterator[pa.RecordBatch], workers: int):
-    """(batch, scores) in input order, with up to 2 x workers batches in flight (bounded memory)."""
-    pending = []
-    for batch in batches:
-        rows = [decode_row(r) for r in batch.select(TASK_COLUMNS).to_pylist()]
-        pending.append((batch, pool.submit(score_rows, choice, rows)))
-        if len(pending) >= 2 * workers:
-            done, future = pending.pop(0)
+def with_scores(batch: pa.RecordBatch, scores: pa.RecordBatch) -> pa.Table:
+    """The stored batch (minus any earlier rescore_* columns) + the new columns."""
+    keep = [name for name in batch.schema.names if name not in RESCORE_SCHEMA.names]
+    columns = [batch.column(name) for name in keep] + scores.columns
+    fields = [batch.schema.field(name) for name in keep] + list(RESCORE_SCHEMA)
+    return pa.Table.from_batches([pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))])
+
+
+def _in_order(scorer: "Scorer", choice: VerifierChoice,
+              batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch]]:
+    """(stored batch, new columns) in input order, with at most `scorer.depth()` batches in flight."""
+    pending: deque[tuple[pa.RecordBatch, Future]] = deque()
+    for number, batch in enumerate(batches):
+        _check_columns(batch, number)
+        specs = {env: choice.spec(env) for env in pc.unique(batch.column("env")).to_pylist()}
+        pending.append((batch, scorer.submit(specs, slim(batch))))
+        while len(pending) >= scorer.depth():
+            done, future = pending.popleft()
             yield done, future.result()
-    for done, future in pending:
+    while pending:
+        done, future = pending.popleft()
         yield done, future.result()
 
 
-def _with_scores(batch: pa.RecordBatch, scores: list[dict[str, Any]]) -> pa.Table:
-    table = pa.Table.from_batches([batch])
-    for field in NEW_FIELDS:
-        table = table.append_column(field, pa.array([s[field.name] for s in scores], field.type))
-    return table
+class Scorer:
+    """Scores slim batches in this process, or in a process pool.
 
+    A pool's workers fork from a forkserver: a clean process that imported the scoring code once
+    (plain fork would copy this process's threads: vLLM's, torch's, Arrow's; spawn would import
+    everything again in every worker). Starting one costs a second or more, so with `workers=None`
+    the first batch is scored here, and a pool of every core starts only if the rows left would
+    take longer than POOL_WORTH_S in one process.
+    """
 
-def _write(path: Path, table: pa.Table) -> Path:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    atomic_write_bytes(path, sink.getvalue().to_pybytes())
-    return path
+    POOL_WORTH_S = 2.0
 
+    def __init__(self, workers: int | None, total_rows: int | None):
+        self.auto, self.workers = workers is None, workers or os.cpu_count() or 1
+        self.total, self.rows, self.seconds = total_rows, 0, 0.0
+        self.pool: ProcessPoolExecutor | None = None
 
-def _changed(frame: pl.DataFrame) -> pl.Series:
-    old, new = frame["reward"], frame["rescore_reward"]
-    return ((old - new).abs().fill_null(0.0) > 1e-9) | (old.is_null() != new.is_null())
-
-
-def diff_table(frame: pl.DataFrame) -> pl.DataFrame:
-    """Per env: the total reward (component `*`) and each named component, old vs new."""
-    total = frame.select("env", pl.lit("*").alias("component"), pl.col("reward").alias("old"),
-                         pl.col("rescore_reward").alias("new"))
-    parts = []
-    for side, column in (("old", "metrics"), ("new", "rescore_metrics")):
-        exploded = (frame.with_row_index("row").select("row", "env", column).explode(column)
-                    .drop_nulls(column).unnest(column).filter(pl.col("name").str.starts_with("reward/"))
-                    .select("row", "env", pl.col("name").str.strip_prefix("reward/").alias("component"),
-                            pl.col("value").alias(side)))
-        parts.append(exploded)
-    components = parts[0].join(parts[1], on=["row", "env", "component"], how="full", coalesce=True).drop("row")
-    both = pl.concat([total, components.select("env", "component", "old", "new")], how="vertical_relaxed")
-    delta = (pl.col("old") - pl.col("new")).abs()
-    changed = (delta.fill_null(0.0) > 1e-9) | (pl.col("old").is_null() != pl.col("new").is_null())
-    return (both.group_by("env", "component")
-            .agg(pl.len().alias("rows"), changed.sum().alias("changed"), pl.col("old").mean().alias("mean_old"),
-                 pl.col("new").mean().alias("mean_new"), delta.max().alias("max_abs_delta"))
-            .sort("env", "component"))
-
-
-def plot_diff(result: RescoreResult, path: str | Path) -> Path:
-    """Mean old vs new reward per env and component, as grouped bars."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    diff = result.diff
-    labels = [f"{r['env']}\n{r['component']}" for r in diff.iter_rows(named=True)]
-    x = range(len(labels))
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(labels) + 2), 3.6))
-    ax.bar([i - 0.2 for i in x], diff["mean_old"].fill_null(0).to_list(), width=0.4, label="stored")
-    ax.bar([i + 0.2 for i in x], diff["mean_new"].fill_null(0).to_list(), width=0.4, label="re-scored")
-    ax.set_xticks(list(x), labels, fontsize=7)
-    ax.set_ylabel("mean reward")
-    ax.set_title(f"re-score: {result.changed} of {result.rows} rows changed")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
-
-
-class _Inline:
-    """A one-process stand-in for ProcessPoolExecutor (workers=1): same interface, no pickling."""
-
-    def __enter__(self):
+    def __enter__(self) -> "Scorer":
         return self
 
-    def __exit__(self, *exc):
-        return False
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
 
-    def submit(self, fn, *args):
-        from concurrent.futures import Future
+    def depth(self) -> int:
+        return 2 * self.workers if self.pool is not None else 1
 
-        future: Future = Future()
-        future.set_result(fn(*args))
+    def submit(self, specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> Future:
+        if self.pool is None and self.workers > 1 and self._worth_a_pool():
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["hubgym.score.scoring"])
+            self.pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        if self.pool is not None:
+            return self.pool.submit(score_ipc, specs, to_ipc(batch))
+        started, future = time.perf_counter(), Future()
+        future.set_result(score_batch(specs, batch))
+        self.rows, self.seconds = self.rows + batch.num_rows, self.seconds + time.perf_counter() - started
         return future
+
+    def _worth_a_pool(self) -> bool:
+        if not self.auto:
+            return True
+        if self.rows == 0:  # score one batch here first, to learn what a row costs
+            return False
+        return self.total is None or (self.total - self.rows) * self.seconds / self.rows > self.POOL_WORTH_S
+
+
+def _check_columns(batch: pa.RecordBatch, number: int) -> None:
+    missing = [name for name in REQUIRED if batch.schema.get_field_index(name) < 0]
+    if missing:
+        raise ShardError(f"record batch {number} of the source lacks the rollout column(s) {', '.join(missing)}; "
+                         f"re-score reads shards written by `hubgym rollout` (hubgym's ShardWriter)")
+
+
+def _run_id(run_ids: set) -> str:
+    """The output's run id: the stored run's id + '-rescored' when the rows come from one run."""
+    return f"{next(iter(run_ids))}-rescored" if len(run_ids) == 1 else "rescored"
+
+
+def _record(result: RescoreResult, sources: list[str], verifier: VerifierArg, env_revision: str | None) -> dict:
+    return {
+        "sources": sources, "verifier": verifier, "env_revision": env_revision, "rows": result.rows,
+        "changed": result.changed, "seconds": round(result.seconds, 3), "counts": result.counts.to_dicts(),
+        "verifiers": {env: {"module": s.module, "sha256": s.sha256, "origin": s.origin}
+                      for env, s in sorted(result.verifiers.items())},
+    }
+
+
+def _envs(verifiers: dict[str, VerifierSpec]) -> dict[str, dict]:
+    """The manifest's `envs`, as a rollout run's manifest has them (the verifier is the new one)."""
+    return {env: {"verifier_module": s.module, "verifier_sha256": s.sha256,
+                  "env_repo": s.origin.partition("@")[0] if "@" in s.origin else None,
+                  "env_revision": s.origin.partition("@")[2] or None}
+            for env, s in sorted(verifiers.items())}
