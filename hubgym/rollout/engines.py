@@ -1,8 +1,8 @@
 """Engines turn a prompt into `n` sampled continuations with token ids and logprobs.
 
 Two engines, one async interface:
-- `VLLMEngine`: vLLM's offline `LLM` in this process. Requests from concurrent trajectories are
-  gathered into one `LLM.generate` call (turn-level batching), run in a worker thread.
+- `VLLMEngine`: vLLM's offline `LLM` in this process, with continuous batching: a serving thread
+  hands each request to vLLM's engine as soon as a trajectory makes it, so it joins the running batch.
 - `OpenAIEngine`: any OpenAI-compatible server (a `vllm` server in production, hosted APIs for
   evaluation) through the `openai` async client, in `tokens` mode (token-in `/v1/completions`,
   text tool-call parsing), `chat` mode (`/v1/chat/completions`, the server's template and tool
@@ -14,7 +14,11 @@ vLLM, torch and openai are imported when an engine is created, never by `import 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
+import queue
+import threading
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -70,8 +74,43 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+@dataclass
+class _Waiter:
+    """A request on its way through VLLMEngine's serving thread, and the event loop waiting for its samples."""
+
+    request: Request
+    sampling: SamplingArgs
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    request_id: str = ""  # the id given to vLLM, once added
+
+    def resolve(self, result: list[Sample] | Exception) -> None:
+        """Hand the result to the waiting coroutine (from the serving thread: through its event loop)."""
+        def settle() -> None:
+            if self.future.done():  # cancelled meanwhile
+                return
+            if isinstance(result, Exception):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # that event loop is closed: nobody waits for this result any more
+            pass
+
+
 class VLLMEngine:
-    """vLLM's offline engine with turn-level batching across concurrent trajectories."""
+    """vLLM's offline engine with continuous batching across concurrent trajectories.
+
+    Why not one `LLM.generate` call per batch of turns: it runs its batch to the end, so the engine
+    would idle while hubgym scores and stores that batch and builds the next, and each batch would
+    end in a shrinking tail. Instead one serving thread owns the engine: it adds each request the
+    moment a trajectory makes it (`LLMEngine.add_request`, as `LLM.generate` does) and steps the
+    engine while any request is unfinished, as vLLM's server does; hubgym's work overlaps generation.
+    """
+
+    IDLE_S = 1.0  # the serving thread ends after this long with nothing to do; the next request starts it
 
     name, token_in = "vllm", True
 
@@ -85,58 +124,104 @@ class VLLMEngine:
         # after a partial (chunked) prefill, so prompts are prefilled whole.
         defaults = {"dtype": "float32", "enable_chunked_prefill": False,
                     "max_num_batched_tokens": max(8192, max_model_len)}
-        self.llm = vllm.LLM(model=model, max_model_len=max_model_len, seed=seed, enable_prefix_caching=True,
-                            **{**defaults, **engine_args})
+        self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
+                         **defaults, **engine_args}  # kept so `restart` builds the same engine
+        self.policy_version = 0  # the version of the weights served (set by `load_weights`)
+        self.weights_path: str | None = None  # the folder they were loaded from; None: `model`'s own weights
+        self._start()
+        self._inbox: queue.SimpleQueue[tuple[str, _Waiter]] = queue.SimpleQueue()  # ("add" | "abort", waiter)
+        self._ids = itertools.count()
+        self._server: threading.Thread | None = None
+        self._server_lock = threading.Lock()
+
+    def _start(self) -> None:
+        import vllm
+
+        self.llm = vllm.LLM(**self.llm_args)
         self.tokenizer = self.llm.get_tokenizer()
-        self._queue: list[tuple[Request, SamplingArgs, asyncio.Future]] = []
-        self._flusher: asyncio.Task | None = None
+        _fail_waiters_when_core_dies(self.llm)
 
     async def generate(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append((request, sampling, future))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
-        return await future
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(request, sampling, loop.create_future(), loop)
+        waiter.future.add_done_callback(lambda _: self._abort_if_cancelled(waiter))
+        self._inbox.put(("add", waiter))
+        self._ensure_serving()
+        return await waiter.future
 
-    async def _flush(self) -> None:
-        """Let every ready trajectory enqueue, then run the whole queue as one batch; repeat."""
-        while self._queue:
-            quiet = 0
-            while quiet < 3:  # until 3 event-loop rounds add no request: every ready trajectory is in
-                size = len(self._queue)
-                await asyncio.sleep(0)
-                quiet = quiet + 1 if len(self._queue) == size else 0
-            batch, self._queue = self._queue, []
+    def _abort_if_cancelled(self, waiter: _Waiter) -> None:
+        if waiter.future.cancelled():  # the run stopped (an error elsewhere, Ctrl-C): stop generating for it
+            self._inbox.put(("abort", waiter))
+
+    def _ensure_serving(self) -> None:
+        with self._server_lock:
+            if self._server is None:
+                self._server = threading.Thread(target=self._serve, name="vllm-serving", daemon=True)
+                self._server.start()
+
+    def _serve(self) -> None:
+        """The serving thread: add what arrived, step the engine, hand finished requests to their waiters."""
+        running: dict[str, _Waiter] = {}
+        while True:
             try:
-                results = await asyncio.to_thread(self._generate_isolated, [(r, s) for r, s, _ in batch])
-            except Exception as exc:  # the engine itself failed: every waiting trajectory learns it
-                for _, _, future in batch:
-                    future.set_exception(EngineError(f"vLLM generate failed: {type(exc).__name__}: {exc}"))
+                messages = self._take(block=not running)
+            except queue.Empty:  # idle: end, unless a request came in just now
+                with self._server_lock:
+                    if self._inbox.empty():
+                        self._server = None
+                        return
                 continue
-            for (_, _, future), result in zip(batch, results):
-                if isinstance(result, RequestError):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
-
-    def _generate_isolated(self, batch: list[tuple[Request, SamplingArgs]]) -> list[list[Sample] | RequestError]:
-        """One batched call. vLLM refuses a whole batch when it refuses one request in it (too long, a token
-        out of vocabulary, a bad constraint), so the batch is then re-run one request at a time: only the bad
-        request fails, with a RequestError; an engine that is down still raises."""
-        from vllm.exceptions import VLLMClientError
-
-        try:
-            return self._generate_batch(batch)
-        except VLLMClientError as exc:
-            if len(batch) == 1:
-                return [RequestError(f"vLLM refused the request: {exc}")]
-        results: list[list[Sample] | RequestError] = []
-        for item in batch:
             try:
-                results += self._generate_batch([item])
-            except VLLMClientError as exc:
-                results.append(RequestError(f"vLLM refused the request: {exc}"))
-        return results
+                for kind, waiter in messages:
+                    if kind == "add":
+                        self._add(waiter, running)
+                    else:
+                        self._abort(waiter, running)
+                if running:
+                    self._step(running)
+            except Exception as exc:  # the engine failed (its core died, it was closed): every waiter learns it
+                _fail_all(running, exc)
+
+    def _take(self, block: bool) -> list[tuple[str, _Waiter]]:
+        """Everything in the inbox; when `block`, wait up to IDLE_S for the first message (else queue.Empty)."""
+        messages = [self._inbox.get(timeout=self.IDLE_S)] if block else []
+        while True:
+            try:
+                messages.append(self._inbox.get_nowait())
+            except queue.Empty:
+                return messages
+
+    def _add(self, waiter: _Waiter, running: dict[str, _Waiter]) -> None:
+        """Add one request to the engine. vLLM checks it here (length, token ids, constraints): a refused
+        request fails alone, with a RequestError; an engine that is down fails it with an EngineError."""
+        from vllm.exceptions import VLLMClientError
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import RequestOutputKind
+
+        if waiter.future.done():  # cancelled before it was added
+            return
+        waiter.request_id = f"hubgym-{next(self._ids)}"
+        try:
+            params = self.sampling_params(waiter.request, waiter.sampling)
+            params.output_kind = RequestOutputKind.FINAL_ONLY  # one output per request, when all n samples end
+            self.llm.llm_engine.add_request(waiter.request_id, tokens_input(list(waiter.request.ids)), params)
+        except VLLMClientError as exc:
+            waiter.resolve(RequestError(f"vLLM refused the request: {exc}"))
+        except Exception as exc:
+            waiter.resolve(EngineError(f"vLLM generate failed: {type(exc).__name__}: {exc}"))
+        else:
+            running[waiter.request_id] = waiter
+
+    def _abort(self, waiter: _Waiter, running: dict[str, _Waiter]) -> None:
+        if running.pop(waiter.request_id, None) is not None:
+            self.llm.llm_engine.abort_request([waiter.request_id])
+
+    def _step(self, running: dict[str, _Waiter]) -> None:
+        """One engine step (one forward pass over the running batch); hands out the requests it finished."""
+        for out in self.llm.llm_engine.step():
+            if out.finished and out.request_id in running:
+                samples = [_sample_from_vllm(c, out.prompt_token_ids) for c in out.outputs]
+                running.pop(out.request_id).resolve(samples)
 
     def sampling_params(self, request: Request, sampling: SamplingArgs) -> Any:
         """The vLLM `SamplingParams` of one request. A subclass may add constraints here (e.g.
@@ -151,14 +236,65 @@ class VLLMEngine:
             params.structured_outputs = StructuredOutputsParams(regex=sampling.regex)
         return params
 
-    def _generate_batch(self, batch: list[tuple[Request, SamplingArgs]]) -> list[list[Sample]]:
-        prompts = [{"prompt_token_ids": r.ids} for r, _ in batch]
-        params = [self.sampling_params(r, s) for r, s in batch]
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return [[_sample_from_vllm(c, out.prompt_token_ids) for c in out.outputs] for out in outputs]
+    def load_weights(self, folder: str, policy_version: int) -> None:
+        """Serve new weights without a restart. vLLM's worker reloads them in place from the safetensors files in
+        `folder` (Hugging Face names: its loader maps them onto fused layers such as qkv and gate_up and redoes
+        kernel repacking). The prefix cache is then dropped, so no KV computed by the old weights is reused, and
+        vLLM labels the tokens it samples from now on with the version (`CompletionOutput.weight_versions`)."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        if not self.llm.reset_prefix_cache():
+            raise EngineError("vLLM could not drop its prefix cache after loading weights: requests were running; "
+                              "load weights between generate calls")
+        self.llm.llm_engine.set_weight_version(str(policy_version))
+        self.weights_path, self.policy_version = str(folder), policy_version
+
+    def alive(self) -> bool:
+        """False once the engine is closed or a vLLM engine-core process (the model runs there) has died."""
+        if self.llm is None:
+            return False
+        resources = getattr(self.llm.llm_engine.engine_core, "resources", None)
+        if resources is None:  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+            return True
+        processes = getattr(resources.engine_manager, "processes", [])
+        return not resources.engine_dead and all(p.is_alive() for p in processes)
+
+    def restart(self) -> None:
+        """A fresh engine with the same arguments, serving the last loaded weights under the same version."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()  # a no-op when vLLM already shut a dead core down
+            self.llm = None
+        self._start()
+        if self.weights_path is not None:
+            self.load_weights(self.weights_path, self.policy_version)
 
     def close(self) -> None:
         self.llm = None  # vLLM shuts its engine core down when the LLM is collected
+
+
+def _fail_all(running: dict[str, _Waiter], exc: Exception) -> None:
+    for waiter in running.values():
+        waiter.resolve(EngineError(f"vLLM generate failed: {type(exc).__name__}: {exc}"))
+    running.clear()
+
+
+def _fail_waiters_when_core_dies(llm: Any) -> None:
+    """vLLM marks its client dead when an engine-core process dies, but a `generate` already waiting for outputs
+    would wait forever (the client's output thread stops without a word). A watcher thread hands that waiter
+    vLLM's EngineDeadError instead. It holds the client's resources and queue, never the client, so the LLM can
+    still be collected; it ends when the client is shut down (which also marks it dead)."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    core = llm.llm_engine.engine_core
+    resources, outputs = getattr(core, "resources", None), getattr(core, "outputs_queue", None)
+    if resources is None or outputs is None:  # in-process engine core: nothing to watch
+        return
+
+    def watch() -> None:
+        while not resources.engine_dead:
+            time.sleep(0.2)
+        outputs.put_nowait(EngineDeadError())
+
+    threading.Thread(target=watch, name="vllm-core-watcher", daemon=True).start()
 
 
 def _sample_from_vllm(completion: Any, prompt_ids: list[int]) -> Sample:
