@@ -179,6 +179,14 @@ def rollout(
     max_model_len: Annotated[int, typer.Option(min=16, help="context length")] = 4096,
     shard_index: Annotated[int, typer.Option(min=0, help="this worker's index")] = 0,
     num_shards: Annotated[int, typer.Option(min=1, help="number of workers splitting the tasks")] = 1,
+    hub: Annotated[Optional[str], typer.Option(help="where org/name@revision envs load from and --push goes: 'hf', "
+                                                    "a Hub-API URL or a local hub folder [default: $HUBGYM_HUB]")]
+    = None,
+    trust: Annotated[bool, typer.Option(help="run hub envs' verifiers unpinned")] = False,
+    pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
+                                                          "(repeatable)")] = None,
+    push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
+                                                     "(org/name; the run id is the config)")] = None,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
@@ -187,12 +195,31 @@ def rollout(
     config = RolloutConfig(envs=envs, model=str(default_tiny_model()) if model == "tiny" else model, out=str(out),
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
-                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards)
+                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards, hub=hub,
+                           trust=trust, pins=_pins(pin or []))
     summary = run_rollouts(config)
     _console().print(views.frame_table(summarize(scan_rollouts([out])), title=f"run {summary.run_id}: {out}"))
     _console().print(Text(f"{summary.written} rollouts written ({summary.skipped} already stored) in "
                           f"{summary.seconds:.1f}s, {summary.generated_tokens / max(summary.seconds, 1e-9):,.0f} "
                           f"generated tokens/s; shards in {out / 'shards'}"))
+    if push:
+        from hubgym.hub.rollouts import push_rollouts
+
+        pushed = push_rollouts(out, push, hub=hub, progress=True)
+        _console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
+                              f"rollouts -> {pushed.ref}"))
+
+
+def _pins(pins: list[str]) -> dict[str, str]:
+    """--pin REPO=sha256:<hex> (repeatable) -> {repo: pin}."""
+    out = {}
+    for item in pins:
+        repo, eq, value = item.partition("=")
+        if not eq or "/" not in repo:
+            raise typer.BadParameter(f"--pin {item!r}: write REPO=sha256:<hex>, e.g. org/arith=sha256:9f2c... (the "
+                                     f"refusal message of an unpinned run shows the sha256)")
+        out[repo.split("@")[0]] = value
+    return out
 
 
 @app.command("report")
@@ -269,4 +296,4 @@ def main() -> None:
     app()
 
 
-from hubgym import cli_train as _cli_train  # noqa: E402,F401  (registers push-rollouts, score, train)
+from hubgym import cli_train as _cli_train  # noqa: E402,F401  (registers push-rollouts, score, replay, train)

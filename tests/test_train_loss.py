@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from hubgym.train.batch import MicroBatch
-from hubgym.train.loss import LossSettings, policy_loss, token_logprobs
+from hubgym.train.config import ConfigError
+from hubgym.train.groups import Group
+from hubgym.train.loss import LossSettings, loss_fn, make_loss_fn, token_aligned, token_logprobs
+from hubgym.train.packing import empty_batch, pack_step
 
 
-def batch(mask_rows, mu_rows, adv, *, num_sequences=None, num_tokens=None, versions=None, weights=None):
+def batch(mask_rows, mu_rows, adv, *, num_sequences=None, num_tokens=None, versions=None, weights=None, prox=None):
     """A micro-batch whose per-token tensors are given at target positions 1..T-1 (position 0 is the prompt)."""
     b, t = len(mask_rows), len(mask_rows[0]) + 1
     pad = lambda rows: torch.tensor([[0.0] + list(r) for r in rows])  # noqa: E731
@@ -20,17 +24,17 @@ def batch(mask_rows, mu_rows, adv, *, num_sequences=None, num_tokens=None, versi
         input_ids=torch.zeros((b, t), dtype=torch.long), attention_mask=torch.ones((b, t), dtype=torch.long),
         loss_mask=pad(mask_rows), old_logprobs=pad(mu_rows), advantages=torch.tensor(adv, dtype=torch.float32),
         policy_version=torch.tensor(versions or [0] * b), weights=torch.tensor(weights or [1.0] * b),
+        prox_logprobs=pad(prox) if prox is not None else None,
         num_sequences=num_sequences or b, num_tokens=num_tokens or int(sum(map(sum, mask_rows))))
 
 
-# Two sequences: lengths 2 and 1 (loss tokens), positive and negative advantage.
+# Two sequences: 2 and 1 loss tokens, positive and negative advantage, every ratio inside the clip range.
 LOGP = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -9.0, -9.0]])
 MU = [[-1.2, -1.5, 0.0], [-0.1, 0.0, 0.0]]
 MASK = [[1, 1, 0], [1, 0, 0]]
 ADV = [1.0, -0.5]
-# token losses by hand: r = exp(logp - mu); A > 0: -min(r, clip(r)) * A; A < 0: -max(min(rA, clip(r)A), cap*A)
-R = [math.exp(0.2), math.exp(-0.5), math.exp(-0.2)]  # 1.2214 (inside the clip), 0.6065 (inside), 0.8187 (inside)
-L00, L01, L10 = -R[0] * 1.0, -R[1] * 1.0, -(R[2] * -0.5)
+R = [math.exp(0.2), math.exp(-0.5), math.exp(-0.2)]  # 1.2214, 0.6065, 0.8187: r = exp(logp - mu)
+L00, L01, L10 = -R[0] * 1.0, -R[1] * 1.0, -(R[2] * -0.5)  # l = -A r when nothing clips
 
 
 @pytest.mark.parametrize("variant, expected", [
@@ -39,78 +43,277 @@ L00, L01, L10 = -R[0] * 1.0, -R[1] * 1.0, -(R[2] * -0.5)
     ("dr_grpo", (L00 + L01 + L10) / (2 * 8)),  # sum / (N * L) with L = 8
 ])
 def test_aggregation_variants(variant, expected):
-    loss, metrics = policy_loss(LOGP, batch(MASK, MU, ADV), LossSettings(variant=variant, dr_grpo_length=8))
+    loss, metrics = loss_fn(LOGP, batch(MASK, MU, ADV), LossSettings(variant=variant, dr_grpo_length=8))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
-    assert metrics["policy/clip_frac"] == 0.0
+    assert metrics["policy/clip_frac"] == 0.0 and metrics["policy/tokens"] == 3.0
+    assert metrics["policy/is_ratio_mean"] == pytest.approx(sum(R) / 3, rel=1e-5)
+    assert metrics["policy/is_ratio_max"] == pytest.approx(R[0], rel=1e-5)
+
+
+def test_global_counts_divide_not_the_micro_batch_ones():
+    # the same micro-batch as 1/4 of a step of 8 sequences and 12 tokens
+    loss, _ = loss_fn(LOGP, batch(MASK, MU, ADV, num_sequences=8, num_tokens=12), LossSettings(variant="dapo"))
+    assert loss.item() == pytest.approx((L00 + L01 + L10) / 12, rel=1e-5)
+    loss, _ = loss_fn(LOGP, batch(MASK, MU, ADV, num_sequences=8, num_tokens=12), LossSettings(variant="grpo"))
+    assert loss.item() == pytest.approx(((L00 + L01) / 2 + L10) / 8, rel=1e-5)
 
 
 def test_clip_high_and_low_and_the_dual_clip_cap():
-    logp = torch.tensor([[math.log(1.5), math.log(0.5), math.log(4.0)]])
-    mu = [[0.0, 0.0, 0.0]]
     cfg = LossSettings(variant="dapo", epsilon_low=0.2, epsilon_high=0.28, is_cap=2.0)
-    # token 0, A=+1, r=1.5: clipped at 1.28 -> -1.28
-    loss, m = policy_loss(logp[:, :1], batch([[1]], [[0.0]], [1.0]), cfg)
-    assert loss.item() == pytest.approx(-1.28) and m["policy/clip_frac_high"] == 1.0
-    # token 1, A=-1, r=0.5: min(-0.5, -0.8) = -0.8 -> loss 0.8 (clipped low)
-    loss, m = policy_loss(logp[:, 1:2], batch([[1]], [[0.0]], [-1.0]), cfg)
+    # A=+1, r=1.5: min(1.5, 1.28) -> loss -1.28 (clipped high)
+    loss, m = loss_fn(torch.tensor([[math.log(1.5)]]), batch([[1]], [[0.0]], [1.0]), cfg)
+    assert loss.item() == pytest.approx(-1.28) and m["policy/clip_frac_high"] == 1.0 and m["policy/clip_frac_low"] == 0
+    # A=+1, r=0.5: min(0.5, 0.8) = 0.5 -> -0.5 (no clip: a low ratio with a positive advantage is not clipped)
+    loss, m = loss_fn(torch.tensor([[math.log(0.5)]]), batch([[1]], [[0.0]], [1.0]), cfg)
+    assert loss.item() == pytest.approx(-0.5) and m["policy/clip_frac"] == 0.0
+    # A=-1, r=0.5: min(-0.5, -0.8) = -0.8 -> loss 0.8 (clipped low)
+    loss, m = loss_fn(torch.tensor([[math.log(0.5)]]), batch([[1]], [[0.0]], [-1.0]), cfg)
     assert loss.item() == pytest.approx(0.8) and m["policy/clip_frac_low"] == 1.0
-    # token 2, A=-1, r=4: min(-4, -1.28) = -4, dual clip max(-4, -2) = -2 -> loss 2
-    loss, m = policy_loss(logp[:, 2:], batch([[1]], [[0.0]], [-1.0]), cfg)
+    # A=-1, r=1.2 (inside 1.28): min(-1.2, -1.2) -> 1.2
+    loss, _ = loss_fn(torch.tensor([[math.log(1.2)]]), batch([[1]], [[0.0]], [-1.0]), cfg)
+    assert loss.item() == pytest.approx(1.2)
+    # A=-1, r=4: min(-4, -1.28) = -4, dual clip max(-4, -2) = -2 -> loss 2: the IS weight counts at most C
+    loss, m = loss_fn(torch.tensor([[math.log(4.0)]]), batch([[1]], [[0.0]], [-1.0]), cfg)
     assert loss.item() == pytest.approx(2.0) and m["policy/is_ratio_max"] == pytest.approx(4.0)
-    del mu
+    assert m["policy/is_capped_frac"] == 1.0
+
+
+def test_clip_gradients_vanish_outside_the_trust_region():
+    cfg = LossSettings(variant="dapo")
+    for logr, adv, grad in [(math.log(1.5), 1.0, 0.0), (math.log(0.5), -1.0, 0.0), (math.log(4.0), -1.0, 0.0),
+                            (math.log(1.1), 1.0, -1.1), (math.log(0.9), -1.0, 0.9)]:
+        logp = torch.tensor([[logr]], requires_grad=True)
+        loss_fn(logp, batch([[1]], [[0.0]], [adv]), cfg)[0].backward()
+        assert logp.grad.item() == pytest.approx(grad, abs=1e-6)  # d(-A r)/dlogp = -A r inside, 0 when clipped
+
+
+def test_truncated_importance_weight_with_a_proximal_policy():
+    # seq 0 (A=+1): a: r=1.1, rho=min(0.0-log .25 -> 4, 2)=2 -> -2*1.1;  b: r=1.5 -> 1.28, rho=1/0.8=1.25 -> -1.6
+    # seq 1 (A=-1): c: r=0.5 -> min(-0.5,-0.8)=-0.8, rho=1 -> 0.8;  d: r=4 -> -4, no dual clip here, rho=1 -> 4
+    logp = torch.tensor([[math.log(1.1), math.log(1.5)], [math.log(0.5), math.log(4.0)]])
+    mu = [[math.log(0.25), math.log(0.8)], [0.0, 0.0]]
+    b = batch([[1, 1], [1, 1]], mu, [1.0, -1.0], prox=[[0.0, 0.0], [0.0, 0.0]])
+    loss, m = loss_fn(logp, b, LossSettings(variant="dapo", is_cap=2.0))
+    assert loss.item() == pytest.approx((-2.2 - 1.6 + 0.8 + 4.0) / 4, rel=1e-5)
+    assert m["policy/is_ratio_max"] == pytest.approx(4.0, rel=1e-5)  # exp(prox - mu), before the cap
+    assert m["policy/is_capped_frac"] == 0.25
+    assert (m["policy/clip_frac_high"], m["policy/clip_frac_low"]) == (0.25, 0.25)
+    # proximal="none" ignores the proximal logprobs: the behaviour policy is the old policy again
+    plain, _ = loss_fn(logp, b, LossSettings(variant="dapo", is_cap=2.0, proximal="none"))
+    r = [1.1 / 0.25, 1.5 / 0.8]  # 4.4 -> 1.28, 1.875 -> 1.28; c: r=0.5 -> 0.8; d: r=4 -> dual clip 2
+    assert plain.item() == pytest.approx((-1.28 - 1.28 + 0.8 + 2.0) / 4, rel=1e-5) and r[0] > 1.28
+
+
+def test_proximal_current_is_tis_with_one_update_per_batch():
+    # ratio = exp(logp - logp.detach()) = 1: the gradient per token is -w rho A / T, rho = min(exp(logp - mu), C)
+    logp = torch.tensor([[-1.0, -1.0]], requires_grad=True)
+    b = batch([[1, 1]], [[-2.0, -1.2]], [0.5], weights=[0.8])
+    loss, m = loss_fn(logp, b, LossSettings(variant="dapo", is_cap=2.0, proximal="current"))
+    rho = [2.0, math.exp(0.2)]  # exp(1) = 2.718 capped at 2; exp(0.2) = 1.221
+    assert loss.item() == pytest.approx(-0.8 * 0.5 * (rho[0] + rho[1]) / 2, rel=1e-5)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.8 * 0.5 * r / 2 for r in rho], rel=1e-5)
+    assert m["policy/clip_frac"] == 0.0 and m["policy/is_ratio_max"] == pytest.approx(math.e, rel=1e-5)
 
 
 def test_kl_to_reference_uses_k3():
-    logp = torch.tensor([[-1.0]])
     b = batch([[1]], [[-1.0]], [0.0])
     b.ref_logprobs = torch.tensor([[0.0, -1.5]])
-    loss, m = policy_loss(logp, b, LossSettings(variant="dapo", beta=0.1))
+    loss, m = loss_fn(torch.tensor([[-1.0]]), b, LossSettings(variant="dapo", beta=0.1))
     k3 = math.exp(-0.5) - (-0.5) - 1  # exp(ref - logp) - (ref - logp) - 1
     assert loss.item() == pytest.approx(0.1 * k3, rel=1e-5)
     assert m["policy/kl"] == pytest.approx(k3, rel=1e-5)
+    with pytest.raises(ValueError, match="needs reference logprobs"):
+        loss_fn(torch.tensor([[-1.0]]), batch([[1]], [[-1.0]], [0.0]), LossSettings(beta=0.1))
 
 
-def test_stale_rows_are_masked_out():
+def test_stale_rows_are_masked_out_and_counted():
     cfg = LossSettings(variant="dapo", max_staleness=2, current_version=10)
     b = batch(MASK, MU, ADV, versions=[9, 7], num_tokens=3)  # lag 1 (kept) and 3 (too stale)
-    loss, m = policy_loss(LOGP, b, cfg)
+    loss, m = loss_fn(LOGP, b, cfg)
     assert loss.item() == pytest.approx((L00 + L01) / 3, rel=1e-5)
-    assert m["policy/stale_count"] == 1.0
+    assert m["policy/stale_count"] == 1.0 and m["policy/staleness_max"] == 3.0 and m["policy/tokens"] == 2.0
+    logp = LOGP.clone().requires_grad_()
+    loss_fn(logp, b, cfg)[0].backward()
+    assert torch.all(logp.grad[1] == 0.0) and torch.all(logp.grad[0, :2] != 0.0)
 
 
 def test_sequence_weights_scale_the_loss():
-    loss, _ = policy_loss(LOGP, batch(MASK, MU, ADV, weights=[0.5, 0.0]), LossSettings(variant="dapo"))
+    loss, _ = loss_fn(LOGP, batch(MASK, MU, ADV, weights=[0.5, 0.0]), LossSettings(variant="dapo"))
     assert loss.item() == pytest.approx(0.5 * (L00 + L01) / 3, rel=1e-5)
 
 
-def test_masked_positions_get_exactly_zero_gradient():
+def fixed_model(logits: torch.Tensor):
+    """A "model" whose logits are a given leaf tensor, so autograd reports d loss / d logits."""
+    return lambda **_: SimpleNamespace(logits=logits)
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("proximal", ["none", "batch"])
+def test_masked_positions_get_exactly_zero_gradient(variant, proximal):
     torch.manual_seed(0)
-    logits = torch.randn(2, 5, 11, requires_grad=True)
-    model = lambda **_: SimpleNamespace(logits=logits)  # noqa: E731  (a fixed "model": its logits are the leaf)
-    b = MicroBatch(input_ids=torch.randint(0, 11, (2, 5)), attention_mask=torch.ones(2, 5, dtype=torch.long),
-                   loss_mask=torch.tensor([[0, 0, 1, 0, 1], [0, 1, 1, 0, 0.0]]), old_logprobs=torch.full((2, 5), -2.0),
-                   advantages=torch.tensor([1.0, -1.0]), policy_version=torch.zeros(2, dtype=torch.long),
-                   weights=torch.ones(2), num_sequences=2, num_tokens=4)
-    with torch.no_grad():  # behaviour = current policy: ratio 1, nothing clipped, every loss token has a gradient
-        b.old_logprobs[:, 1:] = token_logprobs(model, b)[0]
-    for variant in ("grpo", "dapo", "dr_grpo"):
-        logits.grad = None
-        logp, _ = token_logprobs(model, b)
-        loss, _ = policy_loss(logp, b, LossSettings(variant=variant))
+    logits = torch.randn(3, 6, 11, requires_grad=True)
+    model = fixed_model(logits)
+    loss_mask = torch.tensor([[0, 0, 1, 0, 1, 1], [0, 1, 1, 0, 0, 0.0], [0, 0, 1, 1, 0, 0]])
+    b = MicroBatch(input_ids=torch.randint(0, 11, (3, 6)), attention_mask=torch.ones(3, 6, dtype=torch.long),
+                   loss_mask=loss_mask, old_logprobs=torch.full((3, 6), float("nan")),
+                   advantages=torch.tensor([1.0, -1.0, 0.5]), policy_version=torch.tensor([5, 5, 1]),
+                   weights=torch.ones(3), num_sequences=3, num_tokens=7)
+    with torch.no_grad():  # behaviour = current policy on loss tokens, NaN garbage everywhere else
+        current = token_logprobs(model, b)[0]
+        b.old_logprobs[:, 1:] = torch.where(loss_mask[:, 1:] > 0, current - 0.1, b.old_logprobs[:, 1:])
+        b.prox_logprobs = torch.where(loss_mask > 0, 0.0, float("nan"))
+        b.prox_logprobs[:, 1:] = torch.where(loss_mask[:, 1:] > 0, current, b.prox_logprobs[:, 1:])
+        b.ref_logprobs = b.prox_logprobs.clone()
+    cfg = LossSettings(variant=variant, proximal=proximal, beta=0.05, max_staleness=2, current_version=5)
+    logp, entropy = token_logprobs(model, b, with_entropy=True)
+    loss, metrics = loss_fn(logp, b, cfg, entropy)
+    loss.backward()
+    assert torch.isfinite(loss) and all(math.isfinite(v) for v in metrics.values())
+    trains = (loss_mask[:, 1:] > 0) & torch.tensor([True, True, False]).unsqueeze(1)  # row 2 is stale (lag 4)
+    grads = logits.grad[:, :-1].abs().sum(-1)  # logits at t predict token t + 1
+    assert torch.all(grads[~trains] == 0.0) and torch.all(grads[trains] > 0.0)
+    assert torch.all(logits.grad[:, -1] == 0.0)
+
+
+def test_a_micro_batch_without_loss_tokens_still_backpropagates_zeros():
+    # a rank's padding micro-batch must run backward like the others (DeepSpeed collectives), moving nothing
+    lm = ToyLM()
+    mb = empty_batch(num_sequences=4, num_tokens=10)
+    loss, metrics = make_loss_fn(LossSettings(variant="grpo", max_staleness=0, current_version=3))(lm, mb)
+    loss.backward()
+    assert loss.item() == 0.0 and metrics["policy/tokens"] == 0.0 and metrics["policy/stale_count"] == 0.0
+    assert lm.emb.weight.grad is not None and torch.all(lm.emb.weight.grad == 0.0)
+
+
+def test_token_logprobs_match_a_full_log_softmax():
+    torch.manual_seed(1)
+    logits = torch.randn(2, 5, 13)
+    ids = torch.randint(0, 13, (2, 5))
+    mask = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 0, 1, 1.0]])
+    b = MicroBatch(input_ids=ids, attention_mask=torch.ones(2, 5, dtype=torch.long), loss_mask=mask,
+                   old_logprobs=torch.zeros(2, 5), advantages=torch.zeros(2), policy_version=torch.zeros(2),
+                   weights=torch.ones(2))
+    logp, entropy = token_logprobs(fixed_model(logits), b, with_entropy=True)
+    full = torch.log_softmax(logits[:, :-1].double(), -1)
+    expected = full.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    on = mask[:, 1:] > 0
+    assert torch.allclose(logp[on].double(), expected[on], atol=1e-6) and torch.all(logp[~on] == 0.0)
+    expected_entropy = -(full.exp() * full).sum(-1)
+    assert torch.allclose(entropy[on].double(), expected_entropy[on], atol=1e-5) and torch.all(entropy[~on] == 0.0)
+    half, _ = token_logprobs(fixed_model(logits.bfloat16()), b)  # bf16 logits are normalized in float32
+    upcast = torch.log_softmax(logits.bfloat16().float()[:, :-1], -1).gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    assert half.dtype == torch.float32 and torch.allclose(half[on], upcast[on], atol=1e-6)
+
+
+def test_settings_are_validated():
+    with pytest.raises(ConfigError, match="loss.variant is 'ppo'"):
+        LossSettings(variant="ppo")
+    with pytest.raises(ConfigError, match="loss.is_cap=0.5 must be >= 1"):
+        LossSettings(is_cap=0.5)
+
+
+# -- micro-batches and ranks add up to the whole batch ------------------------------------------
+
+class ToyLM(torch.nn.Module):
+    """A stand-in causal LM: logits from an embedding of each token, so every row is independent."""
+
+    def __init__(self, vocab: int = 16):
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab, vocab)
+        torch.nn.init.normal_(self.emb.weight, std=1.0, generator=torch.Generator().manual_seed(0))
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        return SimpleNamespace(logits=self.emb(input_ids))
+
+
+def toy_groups() -> list[Group]:
+    gen = torch.Generator().manual_seed(2)
+    groups = []
+    for g in range(4):
+        rows = []
+        for s in range(3):
+            p, c = 2 + g, 1 + (3 * g + 5 * s) % 7
+            rows.append({"rollout_id": f"{g}-{s}", "prompt_ids": torch.randint(0, 16, (p,), generator=gen).tolist(),
+                         "completion_ids": torch.randint(0, 16, (c,), generator=gen).tolist(),
+                         "completion_mask": [int(i % 4 != 2) for i in range(c)],
+                         "completion_logprobs": (-torch.rand(c, generator=gen) * 4).tolist(),
+                         "provenance": {"policy_version": g}})
+        groups.append(Group("e", f"g{g}", rows, [1.0, -0.5, -0.5] if g % 2 else [-1.0, 0.25, 0.75], 1.0 - 0.2 * g,
+                            [False, g == 3, False]))
+    return groups
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("proximal", ["none", "current"])
+def test_micro_batches_on_all_ranks_sum_to_the_whole_batch(variant, proximal):
+    cfg = LossSettings(variant=variant, proximal=proximal, beta=0.0, max_staleness=2, current_version=4,
+                       dr_grpo_length=16)
+    groups = toy_groups()
+
+    def total(max_tokens: int, world_size: int) -> tuple[float, torch.Tensor, int]:
+        lm = ToyLM()
+        shares = pack_step(groups, max_tokens, world_size)
+        value = 0.0
+        for share in shares:
+            for mb in share:
+                loss, _ = make_loss_fn(cfg)(lm, mb)
+                loss.backward()  # gradients accumulate over micro-batches and "ranks"
+                value += loss.item()
+        return value, lm.emb.weight.grad.clone(), sum(map(len, shares))
+
+    whole, whole_grad, count = total(10_000, 1)
+    assert count == 1
+    for max_tokens, world_size in [(24, 1), (24, 2), (16, 3)]:
+        value, grad, count = total(max_tokens, world_size)
+        assert count >= max(2, world_size)  # really split
+        assert value == pytest.approx(whole, rel=1e-5, abs=1e-7)
+        assert torch.allclose(grad, whole_grad, atol=1e-6)
+    assert whole != 0.0 and whole_grad.abs().sum() > 0
+
+
+def test_a_proximal_logprob_from_the_batch_equals_proximal_current():
+    lm = ToyLM()
+    [[mb]] = pack_step(toy_groups(), 10_000)
+    with torch.no_grad():
+        mb.prox_logprobs = token_aligned(token_logprobs(lm, mb)[0])
+    assert mb.prox_logprobs.shape == mb.input_ids.shape
+    results = []
+    for proximal in ("batch", "current"):
+        lm.zero_grad()
+        batch = mb if proximal == "batch" else replace(mb, prox_logprobs=None)
+        loss, metrics = make_loss_fn(LossSettings(variant="grpo", proximal=proximal))(lm, batch)
         loss.backward()
-        # logits at t predict token t+1: rows t where loss_mask[t+1] == 0 must get exactly zero gradient
-        target_mask = b.loss_mask[:, 1:]
-        grads = logits.grad[:, :-1].abs().sum(-1)
-        assert torch.all(grads[target_mask == 0] == 0.0)
-        assert torch.all(grads[target_mask == 1] > 0.0)
-        assert torch.all(logits.grad[:, -1] == 0.0)
+        results.append((loss.item(), lm.emb.weight.grad.clone(), metrics["policy/is_ratio_mean"]))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-6) and results[0][2] == pytest.approx(results[1][2])
+    assert torch.allclose(results[0][1], results[1][1], atol=1e-7)
 
 
-def test_micro_batches_sum_to_the_whole_batch_loss():
-    whole = batch(MASK, MU, ADV)
-    for variant in ("grpo", "dapo", "dr_grpo"):
-        cfg = LossSettings(variant=variant)
-        total, _ = policy_loss(LOGP, whole, cfg)
-        parts = [policy_loss(LOGP[i:i + 1], batch([MASK[i]], [MU[i]], [ADV[i]], num_sequences=2, num_tokens=3), cfg)[0]
-                 for i in range(2)]
-        assert sum(p.item() for p in parts) == pytest.approx(total.item(), rel=1e-6)
+def test_packing_and_loss_on_the_tiny_causal_lm(tiny_model):
+    """The real model: right padding changes no logprob, so micro-batch sums equal the whole batch's."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    groups = toy_groups()
+    cfg = LossSettings(variant="dapo", max_staleness=2, current_version=4)
+
+    def run(max_tokens: int) -> tuple[float, torch.Tensor]:
+        model.zero_grad()
+        value = 0.0
+        for mb in pack_step(groups, max_tokens)[0]:
+            loss, _ = make_loss_fn(cfg)(model, mb)
+            loss.backward()
+            value += loss.item()
+        return value, model.get_input_embeddings().weight.grad.clone()
+
+    whole, whole_grad = run(10_000)
+    split, split_grad = run(16)
+    assert split == pytest.approx(whole, rel=1e-5) and whole != 0.0
+    assert torch.allclose(split_grad, whole_grad, atol=1e-6)
+    [[mb]] = pack_step(groups, 10_000)
+    with torch.no_grad():
+        logp, _ = token_logprobs(model, mb)
+        full = torch.log_softmax(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1], -1)
+    expected = full.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
+    on = mb.loss_mask[:, 1:] > 0
+    assert torch.allclose(logp[on], expected[on], atol=1e-5) and torch.all(logp[~on] == 0.0)

@@ -14,10 +14,14 @@ what belongs to token t. A causal LM's logits at t-1 predict token t, so the los
     policy_version   [B]    int64   the policy that sampled the row (for staleness)
     weights          [B]    float32 per-sequence weight (env mixture weight, zero-variance down-weighting)
     ref_logprobs     [B, T] float32 optional, reference-model logprobs when beta > 0
+    prox_logprobs    [B, T] float32 optional, the trainer's own logprobs before this update (the
+                                    "proximal" policy): when present the loss clips against them and
+                                    corrects the sampler mismatch with a truncated IS weight (loss.py)
 
-`num_sequences` and `num_tokens` are the counts of the *global* batch (all micro-batches of one
-optimizer step, on all ranks): losses divide by them, so summing the per-micro-batch losses gives
-the same objective whatever the accumulation or the number of processes.
+`num_sequences` (sequences with at least one loss token) and `num_tokens` (loss tokens) are the
+counts of the *global* batch (all micro-batches of one optimizer step, on all ranks): losses
+divide by them, so summing the per-micro-batch losses gives the same objective whatever the
+accumulation or the number of processes.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ class MicroBatch:
     policy_version: torch.Tensor
     weights: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
+    prox_logprobs: torch.Tensor | None = None
     num_sequences: int = 0  # of the global batch (set when the step's micro-batches are known)
     num_tokens: int = 0  # loss-mask tokens of the global batch
     rollout_ids: list[str] = field(default_factory=list)  # for logs and checks, never for the loss

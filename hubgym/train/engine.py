@@ -1,100 +1,161 @@
-"""The policy on DeepSpeed: a Hugging Face causal LM, ZeRO-2/3, a torch AdamW, one optimizer step at a time.
+"""The policy on DeepSpeed: a Hugging Face causal LM under ZeRO-2/3 with a torch AdamW, one optimizer step at a time.
 
-    policy = Policy("model_dir", OptimSettings(lr=2e-3, zero_stage=2))
-    stats = policy.train_step(micro_batches, loss_fn)     # this rank's share of one global step
+    policy = Policy("model_dir", DeepSpeedSettings(lr=2e-3, zero_stage=2))
+    stats = policy.train_step(micro_batches, loss_fn)   # this rank's share of one global step
+    policy.export_hf("out/model")                        # a folder vllm.LLM and transformers load
 
-One process needs no launcher: the rendezvous variables are set here when absent (on a CPU,
-DeepSpeed then picks gloo). Under `deepspeed` or `torchrun` each rank gets its share of the step.
+One process needs no launcher: the rendezvous variables are set here when absent (DeepSpeed then
+picks gloo on a CPU, nccl on a GPU). Under `deepspeed` or `torchrun` every rank builds its own
+Policy and passes its own share of each step's micro-batches.
 
-Why the step is driven by hand: the number of micro-batches varies from step to step (token
-budget), so DeepSpeed's fixed gradient accumulation cannot apply. Every micro-batch is one
-`backward(scale_wrt_gas=False)`, the last one marks the accumulation boundary, then one `step()`.
-The losses are already divided by the global batch's counts, so the sum over micro-batches is
-the objective; DeepSpeed averages gradients over ranks, which `world_size` undoes.
+How the step is scaled. The losses divide by the counts of the *global* batch (MicroBatch.num_sequences,
+num_tokens), so the plain sum of the losses of every micro-batch on every rank is the objective.
+DeepSpeed would divide each backward by its gradient-accumulation steps (`scale_wrt_gas=False` turns
+that off) and averages gradients over ranks (multiplying each loss by world_size undoes it). The
+number of micro-batches may change from step to step (token-budget packing): the last one marks
+the accumulation boundary by hand.
+
+How a bad step is skipped. A non-finite loss is turned into NaN gradients on purpose; DeepSpeed's
+ZeRO optimizers check the global gradient norm before the update and, when it is not finite
+(a NaN loss, or an inf/NaN gradient from a finite loss), drop the gradients and leave weights and
+AdamW moments untouched. `engine.was_step_applied()` tells which happened, on every rank alike.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from hubgym.fileio import replace_dir
 from hubgym.train.batch import MicroBatch
+from hubgym.train.config import ConfigError
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
+EXTENSIONS_DIR = Path("~/.cache/hubgym/torch_extensions")  # DeepSpeed's JIT ops (~80 s to build), built once
+SKIP_LOSS, SKIP_GRAD = "non-finite loss", "non-finite gradient norm"
 
 
 @dataclass
-class OptimSettings:
-    lr: float = 2e-3
-    weight_decay: float = 0.0
+class DeepSpeedSettings:
+    """How the policy trains: ZeRO stage, precision, AdamW, clipping, accumulation."""
+
+    zero_stage: int = 2  # 2: optimizer state + gradients sharded; 3: weights too
+    bf16: str = "auto"  # auto (bf16 where the GPU supports it, fp32 on CPUs) | true | false
+    lr: float = 2e-3  # AdamW learning rate (constant)
     betas: tuple[float, float] = (0.9, 0.999)
-    max_grad_norm: float = 1.0
-    zero_stage: int = 2
-    bf16: str = "auto"  # "auto" | "true" | "false"
-    gradient_checkpointing: bool = False
-    seed: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
+    gradient_checkpointing: bool = False  # recompute activations in backward: memory for time
+    micro_batches: int = 0  # micro-batches per rank per step (gradient accumulation); 0 = any (token packing)
+    seed: int = 0  # torch seed before the model is built
+
+    def __post_init__(self) -> None:
+        self.betas = tuple(self.betas)  # a YAML or JSON config gives a list
+        if self.zero_stage not in (2, 3):
+            raise ConfigError(f"zero_stage is {self.zero_stage!r}; DeepSpeed ZeRO stage 2 or 3 is supported: "
+                              "set optim.zero_stage to 2 (sharded optimizer and gradients) or 3 (weights too)")
+        if self.bf16 not in ("auto", "true", "false"):
+            raise ConfigError(f"bf16 is {self.bf16!r}; use 'auto', 'true' or 'false'")
+        if not self.lr > 0 or self.weight_decay < 0 or self.max_grad_norm < 0:
+            raise ConfigError(f"lr={self.lr} must be > 0, weight_decay={self.weight_decay} >= 0 and "
+                              f"max_grad_norm={self.max_grad_norm} >= 0 (0 turns clipping off)")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas={self.betas} must be two numbers in [0, 1), e.g. (0.9, 0.999)")
+        if self.micro_batches < 0:
+            raise ConfigError(f"micro_batches={self.micro_batches} must be >= 0 (0 = as many as the packer makes)")
+
+
+OptimSettings = DeepSpeedSettings  # the name the trainer and the benchmark use
 
 
 @dataclass
 class StepStats:
-    loss: float
-    grad_norm: float | None
+    """What one optimizer step did, the same on every rank (except `metrics`, this rank's loss metrics)."""
+
+    loss: float  # the objective: sum of the losses of every micro-batch on every rank
+    grad_norm: float | None  # global gradient norm before clipping; None when the step was skipped
     lr: float
-    tokens: int  # real tokens forwarded on this rank
-    micro_batches: int
-    skipped: bool  # a non-finite loss: no weight changed
+    tokens: int  # real (non-pad) tokens forwarded, all ranks
+    micro_batches: int  # on this rank
+    skipped: bool  # True: no weight and no optimizer state changed
+    skip_reason: str | None  # SKIP_LOSS or SKIP_GRAD
     seconds: float
-    metrics: dict[str, float]
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 def init_distributed() -> tuple[int, int]:
-    """(rank, world size); sets the single-process rendezvous variables when no launcher did."""
-    if "RANK" not in os.environ:
+    """(rank, world size). Sets the single-process rendezvous variables when no launcher did."""
+    if "RANK" not in os.environ:  # a plain `python script.py`: DeepSpeed would otherwise look for MPI
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path("~/.cache/hubgym/torch_extensions").expanduser()))
+        os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR.expanduser()))
     import deepspeed
 
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not torch.distributed.is_initialized():
         deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 def bf16_enabled(setting: str) -> bool:
+    """'auto': bf16 on GPUs that support it; on CPUs fp32 (tiny models run faster, and exactly)."""
     if setting in ("true", "false"):
         return setting == "true"
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()  # on CPUs fp32 is faster for tiny models
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+def deepspeed_config(settings: DeepSpeedSettings) -> dict[str, Any]:
+    """The DeepSpeed config. Batch sizes are bookkeeping only: train_step drives accumulation itself."""
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": max(1, settings.micro_batches),
+        "gradient_clipping": settings.max_grad_norm,
+        "zero_optimization": {"stage": settings.zero_stage},
+        "bf16": {"enabled": bf16_enabled(settings.bf16)},
+        "steps_per_print": 1 << 30,
+        "wall_clock_breakdown": False,
+    }
 
 
 class Policy:
-    def __init__(self, model_dir: str | Path, settings: OptimSettings):
+    """A causal LM from a Hugging Face folder, wrapped by `deepspeed.initialize` with a torch AdamW."""
+
+    def __init__(self, model_dir: str | Path, settings: DeepSpeedSettings | None = None):
         import deepspeed
         from transformers import AutoModelForCausalLM
+        from transformers.integrations import HfDeepSpeedConfig
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
+        self.settings = settings = settings or DeepSpeedSettings()
+        self.model_dir = Path(model_dir)
         self.rank, self.world_size = init_distributed()
-        self.settings, self.model_dir = settings, Path(model_dir)
         torch.manual_seed(settings.seed)
-        dtype = torch.bfloat16 if bf16_enabled(settings.bf16) else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        config = deepspeed_config(settings)
+        # Under ZeRO-3 transformers loads each weight straight into its shard (deepspeed.zero.Init), so
+        # no rank ever holds the whole model. The switch is process-global: off again once loaded, so
+        # other models this process loads (a reference model, a test's) load whole.
+        hf_zero3 = HfDeepSpeedConfig(config) if settings.zero_stage == 3 else None
+        try:
+            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # fp32 master weights
+        finally:
+            if hf_zero3 is not None:
+                unset_hf_deepspeed_config()
         if settings.gradient_checkpointing:
-            model.gradient_checkpointing_enable()
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.betas,
-                                      weight_decay=settings.weight_decay)
-        config = {
-            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-            "gradient_clipping": settings.max_grad_norm, "steps_per_print": 1 << 30,
-            "zero_optimization": {"stage": settings.zero_stage},
-            "bf16": {"enabled": dtype == torch.bfloat16}, "wall_clock_breakdown": False,
-        }
+                                      weight_decay=settings.weight_decay)  # a torch optimizer: no Adam op to compile
         self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
-        self.dtype = dtype
+        self.dtype = torch.bfloat16 if config["bf16"]["enabled"] else torch.float32
 
     @property
     def module(self) -> torch.nn.Module:
@@ -105,92 +166,123 @@ class Policy:
         return self.engine.device
 
     def train_step(self, micro_batches: list[MicroBatch], loss_fn: LossFn) -> StepStats:
-        """Forward/backward over this rank's micro-batches, then one optimizer step (or a skip)."""
+        """Forward/backward over this rank's micro-batches, then one optimizer step (or a skip).
+
+        Every rank must pass the same number of micro-batches (pad a short rank with one whose
+        loss_mask is all 0): each backward takes part in collectives.
+        """
+        self._check_count(micro_batches)
         started = time.perf_counter()
         self.engine.train()
-        total, tokens, skipped, merged = 0.0, 0, False, {}
+        loss_sum, tokens, bad = 0.0, 0, 0
+        merged: dict[str, list[float]] = {}
         for i, batch in enumerate(micro_batches):
             batch = batch.to(self.device)
             loss, metrics = loss_fn(self.engine, batch)
-            skipped |= self._any_rank(not torch.isfinite(loss).item())
-            if skipped:  # keep the collectives of every rank in step, but let no value through
-                loss = sum(p.sum() for p in self.engine.module.parameters() if p.requires_grad) * 0.0
+            if not torch.isfinite(loss.detach()).all():
+                bad += 1
+                loss = loss * float("nan")  # NaN in every gradient it reaches: DeepSpeed skips the update
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
-            self.engine.backward(loss * self.world_size, scale_wrt_gas=False)
-            total += float(loss.detach())
+            self.engine.backward(loss * self.world_size, scale_wrt_gas=False)  # undo the mean over ranks
+            loss_sum += float(loss.detach())
             tokens += batch.tokens
-            for k, v in metrics.items():
-                merged.setdefault(k, []).append(v)
-        lr = self.settings.lr
-        if skipped:
-            self._set_lr(0.0)  # AdamW moves no weight with lr 0 (weight decay is scaled by lr too)
+            for key, value in metrics.items():
+                merged.setdefault(key, []).append(float(value))
         self.engine.step()
-        self._set_lr(lr)
-        grad_norm = self.engine.get_global_grad_norm()
-        grad_norm = float(grad_norm) if grad_norm is not None else None
-        return StepStats(loss=float("nan") if skipped else self._sum_ranks(total), grad_norm=None if skipped else grad_norm, lr=lr, tokens=tokens,
-                         micro_batches=len(micro_batches), skipped=skipped, seconds=time.perf_counter() - started,
+        loss_sum, tokens, bad = self._sum_over_ranks(loss_sum, tokens, bad)
+        applied = self.engine.was_step_applied()
+        if bad and applied:  # cannot happen with DeepSpeed's ZeRO optimizers; if it did, the weights hold NaN
+            raise RuntimeError("a non-finite loss reached the weights: DeepSpeed did not skip the update")
+        reason = None if applied else (SKIP_LOSS if bad else SKIP_GRAD)
+        norm = self.engine.get_global_grad_norm()
+        return StepStats(loss=loss_sum, grad_norm=float(norm) if applied and norm is not None else None,
+                         lr=self.engine.optimizer.param_groups[0]["lr"], tokens=int(tokens),
+                         micro_batches=len(micro_batches), skipped=not applied, skip_reason=reason,
+                         seconds=time.perf_counter() - started,
                          metrics={k: _reduce(k, v) for k, v in merged.items()})
 
     @torch.no_grad()
-    def forward_logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """Token logprobs of the current weights [B, T-1] (no gradient): proximal / reference policy."""
-        from hubgym.train.loss import token_logprobs
+    def logprobs(self, batch: MicroBatch) -> torch.Tensor:
+        """Logprob of each next token under the current weights, (B, T-1), 0 on padding; no gradient.
 
+        For reference or proximal logprobs. Under ZeRO-3 the forward gathers weights collectively:
+        every rank must call it the same number of times.
+        """
         self.engine.eval()
-        logprobs, _ = token_logprobs(self.engine, batch.to(self.device))
-        return logprobs
+        batch = batch.to(self.device)
+        logits = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                             use_cache=False).logits[:, :-1]  # (B, T-1, V): logits at t predict token t+1
+        targets = batch.input_ids[:, 1:]
+        rows = [row.float().gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(row.float(), -1)
+                for row, t in zip(logits, targets)]  # one (T-1, V) float32 copy at a time, not (B, T-1, V)
+        return torch.stack(rows) * batch.attention_mask[:, 1:]
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full fp32 weights with Hugging Face names (gathered under ZeRO-3); on every rank."""
-        if self.settings.zero_stage == 3:
-            import deepspeed
+        """Full fp32 weights with Hugging Face names on rank 0 ({} on other ranks); call it on every rank.
 
-            params = list(self.engine.module.parameters())
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                return {k: v.detach().clone().float().cpu() for k, v in self.engine.module.state_dict().items()}
-        return {k: v.detach().clone().float().cpu() for k, v in self.engine.module.state_dict().items()}
+        Under ZeRO-3 each weight is gathered from its shards one at a time, so rank 0 never holds
+        more than the full state plus one weight.
+        """
+        import deepspeed
+
+        state: dict[str, torch.Tensor] = {}
+        for name, tensor in self.module.state_dict(keep_vars=True).items():  # keep_vars: ZeRO-3 params to gather
+            with deepspeed.zero.GatheredParameters([tensor], enabled=hasattr(tensor, "ds_id")):
+                if self.rank == 0:
+                    state[name] = tensor.detach().to("cpu", torch.float32, copy=True)
+        return state
 
     def export_hf(self, folder: str | Path) -> Path:
-        """A Hugging Face model folder (weights, config, tokenizer, chat template) that vLLM loads."""
-        import shutil
+        """Write a Hugging Face model folder (safetensors, config, tokenizer, chat template); call on every rank.
 
+        Written beside `folder` and renamed into place, so a reader sees the previous export or this
+        one, never half of one. vllm.LLM and transformers load it as they load `model_dir`.
+        """
         from safetensors.torch import save_file
 
         folder = Path(folder)
         state = self.full_state_dict()
         if self.rank == 0:
-            folder.mkdir(parents=True, exist_ok=True)
+            staging = folder.with_name(f".{folder.name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
             if getattr(self.module.config, "tie_word_embeddings", False):
                 state.pop("lm_head.weight", None)  # tied: stored once, as transformers does
-            save_file({k: v.contiguous() for k, v in state.items()}, str(folder / "model.safetensors"),
+            save_file({k: v.contiguous() for k, v in state.items()}, str(staging / "model.safetensors"),
                       metadata={"format": "pt"})
-            self.module.config.save_pretrained(folder)
-            for src in self.model_dir.iterdir():  # tokenizer files and chat template travel with the weights
-                if src.is_file() and src.suffix in (".json", ".jinja", ".txt", ".model") and src.name not in (
-                        "config.json", "model.safetensors.index.json"):
-                    shutil.copy2(src, folder / src.name)
-        if torch.distributed.is_initialized():
-            torch.distributed.barrier()
+            self.module.config.save_pretrained(staging)
+            _copy_side_files(self.model_dir, staging)
+            (staging / "hubgym_export.json").write_text(json.dumps({"source": self.model_dir.name,
+                                                                    "global_steps": self.engine.global_steps}))
+            replace_dir(staging, folder)
+        _barrier()
         return folder
 
-    def _set_lr(self, lr: float) -> None:
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = lr
+    def _check_count(self, micro_batches: list[MicroBatch]) -> None:
+        expected = self.settings.micro_batches
+        if not micro_batches:
+            raise ConfigError(f"train_step got no micro-batch on rank {self.rank}; every rank needs at least one: "
+                              "give a rank without rows one whose loss_mask is all 0")
+        if expected and len(micro_batches) != expected:
+            raise ConfigError(f"train_step got {len(micro_batches)} micro-batches on rank {self.rank} and "
+                              f"DeepSpeedSettings.micro_batches is {expected}: pack {expected} per rank, or set "
+                              "micro_batches=0 to accept any number")
 
-    def _any_rank(self, flag: bool) -> bool:
-        if self.world_size == 1:
-            return flag
-        value = torch.tensor([float(flag)])
-        torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.MAX)
-        return bool(value.item())
+    def _sum_over_ranks(self, *values: float) -> list[float]:
+        """Sum per-rank numbers over all ranks, in one collective."""
+        tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            torch.distributed.all_reduce(tensor)
+        return tensor.tolist()
 
-    def _sum_ranks(self, value: float) -> float:
-        if self.world_size == 1:
-            return value
-        tensor = torch.tensor([value], dtype=torch.float64)
-        torch.distributed.all_reduce(tensor)
-        return float(tensor.item())
+
+def _copy_side_files(source: Path, target: Path) -> None:
+    """Tokenizer, chat template and generation config travel with the weights (the model files do not)."""
+    skip = {"config.json", "model.safetensors.index.json"}
+    for path in source.iterdir():
+        if (path.is_file() and path.suffix in (".json", ".jinja", ".txt", ".model", ".tiktoken")
+                and path.name not in skip and not path.name.startswith("hubgym_")):  # not our markers
+            shutil.copy2(path, target / path.name)
 
 
 def _reduce(name: str, values: list[float]) -> float:
@@ -200,6 +292,11 @@ def _reduce(name: str, values: list[float]) -> float:
     if name.endswith(("tokens", "_count", "sequences")):
         return sum(values)
     return sum(values) / len(values)
+
+
+def _barrier() -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
 
 
 def _free_port() -> int:

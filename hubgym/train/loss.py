@@ -1,22 +1,52 @@
-"""The GRPO policy loss, token by token, with three ways to aggregate.
+"""The GRPO policy loss, token by token: a clipped policy gradient against the stored behaviour
+logprobs, an optional proximal policy with truncated importance sampling (TIS), a k3 KL, and three
+ways to aggregate.
 
-For a completion token t of sequence i (loss_mask 1), with A_i the group-relative advantage,
-w_i the sequence weight, logp the current policy's logprob and mu the stored behaviour logprob:
+    logp, entropy = token_logprobs(model, batch, with_entropy=True)      # (B, T-1), 0 off the loss tokens
+    loss, metrics = loss_fn(logp, batch, LossSettings(variant="dapo"), entropy)
 
-    r      = exp(logp - mu)                                  importance ratio vs the sampler
-    s      = min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)   PPO clipped surrogate (clip-higher)
-    s      = max(s, is_cap * A)            where A < 0           dual clip: the ratio's weight is capped
-    l_it   = -w_i * s + beta * k3(logp, ref)                     k3 = exp(ref - logp) - (ref - logp) - 1
+Notation, for a loss token t of sequence i (loss_mask 1, row within the staleness bound):
+    logp   the current policy's logprob of the token: the only term with a gradient
+    mu     the stored behaviour logprob: what the sampler (vLLM) gave when it drew the token
+    prox   the proximal policy: the trainer's own logprob before this update (optional, no gradient)
+    A_i    the group-relative advantage;  w_i the sequence weight;  C = is_cap
 
-The stored behaviour logprobs are the "old" policy, so stale and offline rows are corrected by
-their ratio; the ratio's influence is bounded by the clip (A > 0) and by `is_cap` (A < 0), a
-truncated importance weight. Rows older than `max_staleness` policy versions get no gradient.
+Without a proximal logprob, the behaviour policy is PPO's "old" policy:
+    r     = exp(logp - mu)
+    s     = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)              (clip-higher: eps_high > eps_low)
+    s     = max(s, C A)                      if A < 0                   (dual clip: r counts at most C)
+    l_it  = -w_i s
 
-Aggregation (N = sequences and T = loss tokens of the GLOBAL batch, L = a constant length):
-    grpo     sum_i (sum_t l_it / |o_i|) / N     per-sequence mean, then mean over sequences
-    dapo     sum_it l_it / T                    token mean over the batch
-    dr_grpo  sum_it l_it / (N * L)              no length normalization (Dr. GRPO)
-Dividing by global counts makes the sum over micro-batches and ranks equal the whole-batch loss.
+With a proximal logprob (`batch.prox_logprobs`, or `proximal="current"`, which takes the current
+policy itself, detached: exact for one update per batch and free, no extra forward), PPO clips
+against the proximal policy and the sampler/trainer gap is corrected by a truncated IS weight:
+    r     = exp(logp - prox)
+    rho   = min(exp(prox - mu), C)                                      (no gradient)
+    s     = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
+    l_it  = -w_i rho s
+So in both modes C bounds how much a token's importance weight against the sampler can count.
+
+With beta > 0 and reference logprobs ref:  l_it += beta k3,  k3 = exp(ref - logp) - (ref - logp) - 1
+(Schulman's k3 estimator of KL(pi || ref): never negative, low variance).
+
+Rows with current_version - policy_version > max_staleness get no loss token (counted).
+
+Aggregation, N = sequences with a loss token and T = loss tokens of the GLOBAL batch (all
+micro-batches, all ranks: `batch.num_sequences`, `batch.num_tokens`), |o_i| = loss tokens of i:
+    grpo     sum_i (sum_t l_it / |o_i|) / N      per-sequence token mean, then mean over sequences
+    dapo     sum_it l_it / T                     token mean over the batch (DAPO)
+    dr_grpo  sum_it l_it / (N L)                 L = dr_grpo_length, a constant (the generation
+                                                 budget): no length bias (Dr. GRPO, Liu et al. 2025)
+Because the divisors are global, the sum of the micro-batch losses is the whole-batch loss.
+
+Only the loss positions are ever selected, so every other position gets exactly zero gradient,
+whatever its stored values.
+
+Metrics (per micro-batch; `tokens` and `_count` add up over micro-batches, `_max` is a maximum):
+policy/tokens, clip_frac_low (r < 1 - eps_low with A < 0), clip_frac_high (r > 1 + eps_high with
+A > 0), clip_frac, is_ratio_mean / is_ratio_max (the weight against the sampler: r without a
+proximal policy, exp(prox - mu) with one), is_capped_frac (that weight above C), stale_count,
+staleness_max, kl (beta > 0), entropy (when given).
 """
 
 from __future__ import annotations
@@ -26,75 +56,150 @@ from dataclasses import dataclass
 import torch
 
 from hubgym.train.batch import MicroBatch
+from hubgym.train.config import ConfigError
+
+VARIANTS = ("grpo", "dapo", "dr_grpo")
+PROXIMAL = ("batch", "current", "none")
 
 
 @dataclass(frozen=True)
 class LossSettings:
-    variant: str = "grpo"  # grpo | dapo | dr_grpo
-    epsilon_low: float = 0.2
-    epsilon_high: float = 0.28
-    beta: float = 0.0
-    is_cap: float = 2.0
-    max_staleness: int | None = None
-    dr_grpo_length: int = 128  # L: the generation budget (Dr. GRPO's constant)
+    variant: str = "grpo"  # aggregation: grpo | dapo | dr_grpo
+    epsilon_low: float = 0.2  # ratio clipped below at 1 - epsilon_low
+    epsilon_high: float = 0.28  # ... and above at 1 + epsilon_high (DAPO's clip-higher)
+    beta: float = 0.0  # weight of the k3 KL to the reference (needs batch.ref_logprobs)
+    is_cap: float = 2.0  # C: the most a token's importance weight against the sampler counts
+    max_staleness: int | None = None  # rows more than this many policy versions behind get no loss token
+    dr_grpo_length: int = 128  # L of dr_grpo: the generation budget in tokens
     current_version: int = 0  # the policy version being trained (for staleness)
+    proximal: str = "batch"  # batch: batch.prox_logprobs when present | current: the policy itself | none
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ConfigError(f"loss.variant is {self.variant!r}; use one of {', '.join(VARIANTS)}")
+        if self.proximal not in PROXIMAL:
+            raise ConfigError(f"loss proximal is {self.proximal!r}; use one of {', '.join(PROXIMAL)}")
+        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
+            raise ConfigError(f"loss.epsilon_low={self.epsilon_low} must be in [0, 1) and "
+                              f"loss.epsilon_high={self.epsilon_high} >= 0")
+        if self.is_cap < 1:
+            raise ConfigError(f"loss.is_cap={self.is_cap} must be >= 1 (below 1 it would cap on-policy tokens)")
+        if self.beta < 0 or self.dr_grpo_length < 1:
+            raise ConfigError(f"loss.beta={self.beta} must be >= 0 and dr_grpo_length={self.dr_grpo_length} >= 1")
 
 
-def token_logprobs(model: torch.nn.Module, batch: MicroBatch,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """logprob of each next token [B, T-1] (and the entropy of each next-token distribution)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits[:, :-1]
-    logits = logits.float()
-    logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(-1, batch.input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+def token_logprobs(model: torch.nn.Module, batch: MicroBatch, with_entropy: bool = False,
+                   positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob of each next token, (B, T-1), at `positions` (default: the loss tokens); 0 elsewhere.
+
+    Also the entropy of the next-token distribution there (no gradient) when asked.
+    """
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits  # (B,T,V)
+    if positions is None:
+        positions = batch.loss_mask[:, 1:] > 0
+    return gather_logprobs(logits, batch.input_ids, positions, with_entropy)
+
+
+def gather_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                    with_entropy: bool = False, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Next-token logprobs from logits (B, T, V) at the positions (B, T-1) that matter, memory-wise.
+
+    Only the selected rows of the logits are normalized, in float32 (a (N, V) copy, N = selected
+    positions, instead of a full (B, T, V) float32 log_softmax), as gather - logsumexp. Prompt and
+    padding positions, often most of a batch, cost nothing beyond the model's own logits.
+    """
+    rows, cols = positions.nonzero(as_tuple=True)
+    picked = logits[rows, cols].float()  # (N, V)
+    targets = input_ids[rows, cols + 1]  # logits at t predict token t + 1
+    chosen = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(picked, dim=-1)  # (N,)
+    shape = positions.shape
+    out = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), chosen)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
-            entropy = -(logprobs.exp() * logprobs).sum(-1)
-    return chosen, entropy
+        with torch.no_grad():  # in chunks: softmax of a chunk is the only extra (chunk, V) tensor
+            values = [_entropy(picked[i:i + chunk]) for i in range(0, picked.shape[0], chunk)]
+            ent = torch.cat(values) if values else picked.new_zeros(0)
+            entropy = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), ent)
+    return out, entropy
 
 
-def policy_loss(logp: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
-                entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
-    """The loss of one micro-batch (already divided by the global counts) and its metrics.
+def token_aligned(next_token_logprobs: torch.Tensor) -> torch.Tensor:
+    """(B, T-1) next-token logprobs -> (B, T) aligned with input_ids, as MicroBatch stores them:
 
-    `logp` is [B, T-1]: logprobs of tokens 1..T-1 under the current policy (see token_logprobs).
+        batch.prox_logprobs = token_aligned(policy.logprobs(batch))     # before the update
     """
-    mask = batch.loss_mask[:, 1:].float() * stale_keep(batch, cfg).unsqueeze(1)
-    mu = batch.old_logprobs[:, 1:]
-    adv = batch.advantages.unsqueeze(1)
-    log_ratio = torch.where(mask > 0, logp - mu, torch.zeros_like(logp))  # never exp() a padding position
-    ratio = torch.exp(log_ratio)
+    return torch.nn.functional.pad(next_token_logprobs, (1, 0))
+
+
+def _entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H = logsumexp(x) - sum softmax(x) x, per row."""
+    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+
+
+def loss_fn(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
+            entropy: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, float]]:
+    """The loss of one micro-batch, already divided by the global counts, and its metrics.
+
+    `logprobs` is (B, T-1): the current policy's logprob of tokens 1..T-1 (see token_logprobs).
+    """
+    keep = (batch.loss_mask[:, 1:] > 0) & (stale_keep(batch, cfg) > 0).unsqueeze(1)  # (B, T-1)
+    rows, cols = keep.nonzero(as_tuple=True)  # the loss tokens: (N,) each
+    logp = logprobs[rows, cols]
+    mu = batch.old_logprobs[:, 1:][rows, cols]
+    adv, weight = batch.advantages[rows], batch.weights[rows]
+    prox = proximal_logprobs(logprobs, batch, cfg)
+    if prox is None:
+        ratio = torch.exp(logp - mu)
+        is_weight = ratio.detach()
+    else:
+        prox = prox[rows, cols].detach()
+        ratio = torch.exp(logp - prox)
+        is_weight = torch.exp(prox - mu)
     clipped = torch.clamp(ratio, 1 - cfg.epsilon_low, 1 + cfg.epsilon_high)
     surrogate = torch.minimum(ratio * adv, clipped * adv)
-    surrogate = torch.where(adv < 0, torch.maximum(surrogate, cfg.is_cap * adv), surrogate)
-    per_token = -surrogate * batch.weights.unsqueeze(1)
+    if prox is None:
+        surrogate = torch.where(adv < 0, torch.maximum(surrogate, cfg.is_cap * adv), surrogate)
+    else:
+        surrogate = torch.clamp(is_weight, max=cfg.is_cap) * surrogate
+    per_token = -weight * surrogate  # (N,)
     kl = None
     if cfg.beta > 0:
         if batch.ref_logprobs is None:
-            raise ValueError("loss.beta > 0 needs reference logprobs in the batch (ref_logprobs)")
-        delta = torch.where(mask > 0, batch.ref_logprobs[:, 1:] - logp, torch.zeros_like(logp))
+            raise ValueError("loss.beta > 0 needs reference logprobs in the batch (MicroBatch.ref_logprobs)")
+        delta = batch.ref_logprobs[:, 1:][rows, cols] - logp
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + cfg.beta * kl
-    per_token = per_token * mask  # masked positions: exactly zero, so exactly zero gradient
-    loss = aggregate(per_token, mask, batch, cfg)
-    return loss, _metrics(ratio, adv, mask, cfg, kl, entropy, batch)
+    loss = aggregate(per_token, rows, batch, cfg)  # with no loss token: 0, still in the graph (empty selection)
+    ent = entropy[rows, cols] if entropy is not None else None
+    return loss, _metrics(ratio.detach(), is_weight, adv, kl, ent, batch, cfg)
 
 
-def aggregate(per_token: torch.Tensor, mask: torch.Tensor, batch: MicroBatch, cfg: LossSettings) -> torch.Tensor:
+policy_loss = loss_fn  # the earlier name
+
+
+def proximal_logprobs(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings) -> torch.Tensor | None:
+    """(B, T-1) logprobs of the proximal policy, or None when the behaviour policy is PPO's old policy."""
+    if cfg.proximal == "none":
+        return None
+    if batch.prox_logprobs is not None:
+        return batch.prox_logprobs[:, 1:]
+    return logprobs.detach() if cfg.proximal == "current" else None
+
+
+def aggregate(per_token: torch.Tensor, rows: torch.Tensor, batch: MicroBatch, cfg: LossSettings) -> torch.Tensor:
+    """Sum the (N,) token losses into this micro-batch's share of the global objective."""
     n = max(batch.num_sequences, 1)
     if cfg.variant == "grpo":
-        lengths = batch.loss_mask[:, 1:].sum(1).clamp(min=1)  # |o_i| counts the sequence's own loss tokens
-        return (per_token.sum(1) / lengths).sum() / n
+        lengths = batch.loss_mask[:, 1:].sum(1).clamp(min=1)  # |o_i|: the sequence's own loss tokens
+        per_sequence = torch.zeros_like(lengths, dtype=per_token.dtype).index_add(0, rows, per_token)
+        return (per_sequence / lengths).sum() / n
     if cfg.variant == "dapo":
         return per_token.sum() / max(batch.num_tokens, 1)
-    if cfg.variant == "dr_grpo":
-        return per_token.sum() / (n * cfg.dr_grpo_length)
-    raise ValueError(f"loss variant is {cfg.variant!r}; use grpo, dapo or dr_grpo")
+    return per_token.sum() / (n * cfg.dr_grpo_length)  # dr_grpo
 
 
 def stale_keep(batch: MicroBatch, cfg: LossSettings) -> torch.Tensor:
-    """1.0 for rows within the staleness bound, 0.0 for older ones."""
+    """(B,) 1.0 for rows within the staleness bound, 0.0 for older ones."""
     if cfg.max_staleness is None:
         return torch.ones_like(batch.advantages)
     lag = cfg.current_version - batch.policy_version
@@ -102,29 +207,38 @@ def stale_keep(batch: MicroBatch, cfg: LossSettings) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _metrics(ratio, adv, mask, cfg: LossSettings, kl, entropy, batch: MicroBatch) -> dict[str, float]:
-    tokens = mask.sum().clamp(min=1)
-    low = ((ratio < 1 - cfg.epsilon_low) & (adv < 0) & (mask > 0)).sum() / tokens
-    high = ((ratio > 1 + cfg.epsilon_high) & (adv > 0) & (mask > 0)).sum() / tokens
-    masked_ratio = ratio[mask > 0]
-    metrics = {
-        "policy/clip_frac_low": float(low), "policy/clip_frac_high": float(high),
-        "policy/clip_frac": float(low + high),
-        "policy/is_ratio_mean": float(masked_ratio.mean()) if masked_ratio.numel() else 1.0,
-        "policy/is_ratio_max": float(masked_ratio.max()) if masked_ratio.numel() else 1.0,
-        "policy/stale_count": float((stale_keep(batch, cfg) == 0).sum()),
-        "policy/staleness_max": float((cfg.current_version - batch.policy_version).max()),
+def _metrics(ratio, is_weight, adv, kl, entropy, batch: MicroBatch, cfg: LossSettings) -> dict[str, float]:
+    """Fractions and means are over this micro-batch's loss tokens; `_count` and `tokens` add up across them."""
+    tokens = ratio.numel()
+    trains = batch.loss_mask[:, 1:].sum(1) > 0  # rows that have loss tokens (not the padding rows of a rank)
+    stale = trains & (stale_keep(batch, cfg) == 0)
+    lag = (cfg.current_version - batch.policy_version)[trains]
+    low = ((ratio < 1 - cfg.epsilon_low) & (adv < 0)).float()
+    high = ((ratio > 1 + cfg.epsilon_high) & (adv > 0)).float()
+    empty = ratio.new_zeros(1)
+    values = {
+        "policy/tokens": float(tokens),
+        "policy/clip_frac_low": low.mean() if tokens else empty[0],
+        "policy/clip_frac_high": high.mean() if tokens else empty[0],
+        "policy/clip_frac": (low + high).mean() if tokens else empty[0],
+        "policy/is_ratio_mean": is_weight.mean() if tokens else empty[0] + 1,
+        "policy/is_ratio_max": is_weight.max() if tokens else empty[0] + 1,
+        "policy/is_capped_frac": (is_weight > cfg.is_cap).float().mean() if tokens else empty[0],
+        "policy/stale_count": stale.sum(),
+        "policy/staleness_max": lag.max() if lag.numel() else empty[0],
     }
     if kl is not None:
-        metrics["policy/kl"] = float((kl * mask).sum() / tokens)
+        values["policy/kl"] = kl.mean() if tokens else empty[0]
     if entropy is not None:
-        metrics["policy/entropy"] = float((entropy * mask).sum() / tokens)
-    return metrics
+        values["policy/entropy"] = entropy.mean() if tokens else empty[0]
+    names = list(values)
+    flat = torch.stack([torch.as_tensor(values[k], dtype=torch.float32, device=ratio.device) for k in names])
+    return dict(zip(names, flat.tolist()))  # one device sync for all of them
 
 
 def make_loss_fn(cfg: LossSettings, with_entropy: bool = True):
     """loss_fn(model, batch) for Policy.train_step."""
-    def loss_fn(model: torch.nn.Module, batch: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
+    def model_loss(model: torch.nn.Module, batch: MicroBatch) -> tuple[torch.Tensor, dict[str, float]]:
         logp, entropy = token_logprobs(model, batch, with_entropy)
-        return policy_loss(logp, batch, cfg, entropy)
-    return loss_fn
+        return loss_fn(logp, batch, cfg, entropy)
+    return model_loss

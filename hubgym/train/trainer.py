@@ -165,11 +165,20 @@ class Trainer:
             return producer.produce(engine, ChatRenderer(engine.tokenizer), step, engine.policy_version, groups)
         except EngineError as exc:
             self.console.print(f"[yellow]vLLM engine failed ({exc}); restarting it with the current weights")
-            self.close()
-            self._sync(step)
-            self._count({"engine_restarts": 1})
-            engine = self.engine()
+            if not self._revive():  # alive but failing: start a fresh one all the same
+                engine.restart()
+                self._count({"engine_restarts": 1})
             return producer.produce(engine, ChatRenderer(engine.tokenizer), step, engine.policy_version, groups)
+
+    def _revive(self) -> bool:
+        """Restart the engine if its process died (it then serves the last synced weights); True if it did."""
+        from hubgym.train.sync import ensure_engine
+
+        if self._engine is None or not ensure_engine(self._engine):
+            return False
+        self.console.print("[yellow]the vLLM engine had died: restarted it with the last synced weights")
+        self._count({"engine_restarts": 1})
+        return True
 
     def _train(self, step: int, groups: list[Group], rows: list[dict], started: float) -> dict[str, Any]:
         from hubgym.train.evaluate import env_metrics
@@ -254,6 +263,7 @@ class Trainer:
             return
         state = self.policy.full_state_dict()
         if self.policy.rank == 0:
+            self._revive()
             seconds = sync_weights(self.engine(), state, version, self.out / "sync")
             self._count({"weight_syncs": 1})
             self.last_sync_s = seconds
