@@ -50,6 +50,7 @@ class Trainer:
         self.out = Path(cfg.output_dir)
         self._engine = engine
         self.offline_used = 0  # groups taken from the offline stream so far (the stream position)
+        self.step_times: dict[str, float] = {}  # weight sync and generation seconds of the current online step
         self.counts: dict[str, int] = {}
 
     # -- setup ------------------------------------------------------------------------------------
@@ -146,9 +147,12 @@ class Trainer:
             groups = self._take(offline, wanted)
             return groups, [r for g in groups for r in g.rows]
         from_store = round(wanted * cfg.online.offline_fraction) if cfg.offline.sources else 0
+        started = time.perf_counter()
         if (step - cfg.offline.steps) % cfg.online.sync_every == 0:
             self._sync(step)
+        synced = time.perf_counter()
         rows = self._produce(producer, step, wanted - from_store) if self.policy.rank == 0 else []
+        self.step_times = {"time/sync_s": synced - started, "time/generate_s": time.perf_counter() - synced}
         rows = _broadcast(rows, self.policy.world_size)
         stream = GroupStream([rows], self.group_settings(), self.weights, seed=cfg.seed + step)
         fresh = list(stream)
@@ -187,6 +191,7 @@ class Trainer:
         metrics: dict[str, Any] = env_metrics(rows)
         metrics["train/groups"] = len(groups)
         metrics["train/phase"] = 0 if step < cfg.offline.steps else 1
+        metrics.update(self.step_times if metrics["train/phase"] else {})
         if not groups:  # every group was zero-variance or short: nothing to learn from at this step
             metrics["train/empty_step"] = 1
             return metrics
@@ -200,7 +205,8 @@ class Trainer:
         metrics.update(stats.metrics)
         metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "policy/lr": stats.lr,
                         "policy/skipped": float(stats.skipped), "time/step_s": seconds,
-                        "time/train_s": stats.seconds, "time/tokens_per_s": stats.tokens / max(stats.seconds, 1e-9)})
+                        "time/train_s": stats.seconds, "time/tokens_per_s": stats.tokens / max(stats.seconds, 1e-9),
+                        "train/tokens": stats.tokens})
         if stats.skipped:
             self.console.print(f"[red]step {step}: non-finite loss; the update was skipped (weights unchanged)")
             self._count({"skipped_steps": 1})
