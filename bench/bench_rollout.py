@@ -438,7 +438,8 @@ def write_results(path: Path, plan: Plan, passes: list[Pass], memory: list[Memor
     where, work = machine(), plan.throughput
     tasks = len(work.envs) * work.limit
     hub = [p for p in passes if p.side == "hubgym"]
-    own = statistics.median(1 - p.generate_seconds / p.seconds for p in hub)
+    outside = statistics.median(p.outside_steps for p in hub)
+    outside_raw = statistics.median(p.outside_steps for p in passes if p.side == "raw")
     concurrency = rollout_config(work, path, plan.max_model_len).concurrency
     throughput = f"""Machine: {where}. Reproduce: `{command}`.
 
@@ -455,10 +456,13 @@ with `datasets` (every split of each config), which a run does once before gener
 
 {markdown(passes_table(passes))}
 
-The machine is shared, so pass-to-pass noise is larger than hubgym's overhead: compare the best passes, or
-the time hubgym spends outside `LLM.generate` (its own work: rendering prompts, the asyncio loop, scoring,
-rows, shards), a median {100 * own:.1f}% of its loop here. hubgym sends a single_turn run as one
-`LLM.generate` call per `concurrency` ({concurrency}) groups; the engine gathers every waiting request into one call."""
+The machine is shared, so pass-to-pass noise is as large as hubgym's overhead: compare the median of the
+pairs' ratios, or the share of each side's time in which nothing stepped vLLM's engine (`LLMEngine.step`,
+one forward pass of the running batch, which both sides call): a median {100 * outside_raw:.1f}% for raw
+`LLM.generate` (its own request handling) and {100 * outside:.1f}% for hubgym (rendering, the asyncio loop,
+scoring, rows, shards). hubgym keeps up to `concurrency` ({concurrency}) groups in flight; `VLLMEngine`'s
+serving thread adds each request to the engine as soon as a trajectory makes it and steps the engine
+while any is unfinished (continuous batching, as vLLM's server does), so hubgym's own work overlaps generation."""
     runs = write_runs(passes, memory, plan)
     hub_memory = [m for m in memory if m.run.side == "hubgym"]
     shards = f"""Machine: {where}. Reproduce: `{command}`.
@@ -466,7 +470,9 @@ rows, shards), a median {100 * own:.1f}% of its loop here. hubgym sends a single
 Writing: ShardWriter's methods (`add_group`, `flush`, `write_manifest`, opening and resume checks) are
 wrapped with timers inside each hubgym run above; their time is shown against the run's wall time
 (`RunSummary.seconds`). Shards hold up to 512 rows; each is built as an Arrow table, written to a
-temporary file, fsynced and renamed.
+temporary file, fsynced and renamed, then the manifest is rewritten the same way. That happens in a
+thread, while the other trajectories go on generating, so the share is an upper bound on what writing
+costs the run (the thread holds Python's lock only while it builds the table).
 
 {markdown(write_table(runs))}
 

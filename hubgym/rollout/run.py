@@ -218,6 +218,12 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
     from hubgym.rollout.progress import RolloutProgress
 
     pending = iter(todo)
+    one_flush = asyncio.Lock()
+
+    def store_shard() -> None:  # in a thread: generation goes on while the shard is encoded and fsynced
+        writer.flush()
+        writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))  # lists it at once
+
     with RolloutProgress(len(todo), config.n, enabled=progress) as bar:
         async def worker() -> None:
             # A bounded pool: `concurrency` workers pull groups one at a time, so only that many groups
@@ -226,8 +232,11 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
                 ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
                 trajs = await run_group(task, config.n, ctx)
                 rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
-                if writer.add_group(rows):  # a shard was written: the manifest lists it at once
-                    writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
+                writer.add_group(rows, flush=False)
+                if writer.full:
+                    async with one_flush:
+                        if writer.full:  # not taken by the flush we waited for
+                            await asyncio.to_thread(store_shard)
                 tokens = sum(sum(r["completion_mask"]) for r in rows)
                 stats["written"] += len(rows)
                 stats["tokens"] += tokens

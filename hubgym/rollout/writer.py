@@ -60,29 +60,33 @@ class ShardWriter:
                 ids.update(pa.ipc.open_file(source).read_all().column("rollout_id").to_pylist())
         return ids
 
-    def add_group(self, rows: Iterable[Rollout]) -> list[Path]:
-        """Buffer one group's rows; returns the shards written by this call (if the buffer filled)."""
+    def add_group(self, rows: Iterable[Rollout], flush: bool = True) -> list[Path]:
+        """Buffer one group's rows; returns the shards written by this call (if the buffer filled).
+        With `flush=False` it only buffers: the caller checks `full` and calls `flush` itself (e.g. in a thread)."""
         rows = list(rows)
         self._buffer += rows
         self._buffer_bytes += sum(_estimate_bytes(r) for r in rows)
-        if len(self._buffer) >= self.max_rows or self._buffer_bytes >= self.max_bytes:
-            return [self.flush()]
-        return []
+        return [self.flush()] if flush and self.full else []
+
+    @property
+    def full(self) -> bool:
+        return len(self._buffer) >= self.max_rows or self._buffer_bytes >= self.max_bytes
 
     def flush(self) -> Path | None:
-        if not self._buffer:
+        """Write the buffered rows as the next shard. The buffer is taken first, so rows added while the shard
+        is being written (flush running in another thread, one flush at a time) go to the next one."""
+        rows, self._buffer, self._buffer_bytes = self._buffer, [], 0
+        if not rows:
             return None
-        table = _to_table(self._buffer)
         path = self.shard_dir / f"{self.worker}-{self._next:05d}.arrow"
+        self._next += 1
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
-            writer.write_table(table)
+            writer.write_table(_to_table(rows))
         data = sink.getvalue().to_pybytes()
         atomic_write_bytes(path, data)
-        self._files[path.name] = {"rows": len(self._buffer), "sha256": _sha256(data)}
-        self.rows_written += len(self._buffer)
-        self._next += 1
-        self._buffer, self._buffer_bytes = [], 0
+        self._files[path.name] = {"rows": len(rows), "sha256": _sha256(data)}
+        self.rows_written += len(rows)
         return path
 
     def write_manifest(self, manifest: dict[str, Any]) -> Path:
