@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hubgym.errors import HubgymError
 
@@ -83,8 +83,14 @@ class Optim(Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage")
-    bf16: Literal["auto", "true", "false"] = Field("auto", description="bf16 where supported ('auto')")
+    bf16: Literal["auto", "true", "false"] = Field("auto", description="bf16 where supported ('auto'), or true / false")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
+
+    @field_validator("bf16", mode="before")
+    @classmethod
+    def _yaml_boolean(cls, value: Any) -> Any:
+        """YAML reads `bf16: false` (and `--set optim.bf16=false`) as a boolean."""
+        return str(value).lower() if isinstance(value, bool) else value
 
 
 class Eval(Section):
@@ -167,8 +173,8 @@ def _check_keys(data: dict, model: type[BaseModel], prefix: str) -> None:
     for key, value in data.items():
         if key not in model.model_fields:
             close = difflib.get_close_matches(key, list(model.model_fields), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid: {', '.join(model.model_fields)}"
-            raise ConfigError(f"unknown training option {prefix}{key!r}{hint}")
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else f"; valid: {', '.join(model.model_fields)}"
+            raise ConfigError(f"unknown training option {prefix + key!r}{hint} (`hubgym train --options` lists all)")
         annotation = model.model_fields[key].annotation
         if isinstance(value, dict) and isinstance(annotation, type) and issubclass(annotation, BaseModel):
             _check_keys(value, annotation, f"{prefix}{key}.")
