@@ -56,7 +56,7 @@ def make_rows(groups: int, n: int, prompt: int, completion: int, seed: int = 0) 
 def hubgym_step(policy, shard_dir: Path, settings, loss_fn, budget: int) -> tuple[int, float]:
     from hubgym.hub.rollouts import iter_rollout_rows
     from hubgym.train.evaluate import env_metrics
-    from hubgym.train.groups import GroupStream
+    from hubgym.train.stream import GroupStream
     from hubgym.train.packing import pack_step
 
     started = time.perf_counter()
@@ -100,8 +100,9 @@ def main() -> None:
 
     from hubgym.rollout.tiny_model import default_tiny_model
     from hubgym.rollout.writer import ShardWriter
-    from hubgym.train.engine import OptimSettings, Policy
-    from hubgym.train.groups import GroupSettings, GroupStream
+    from hubgym.train.engine import DeepSpeedSettings, Policy
+    from hubgym.train.groups import GroupSettings
+    from hubgym.train.stream import GroupStream
     from hubgym.train.loss import LossSettings, make_loss_fn
     from hubgym.train.packing import pack_step
 
@@ -114,7 +115,7 @@ def main() -> None:
         writer = ShardWriter(tmp, "w000of001", max_rows=len(rows))
         writer.add_group(rows)
         writer.flush()
-        policy = Policy(model_dir, OptimSettings(lr=1e-4))
+        policy = Policy(model_dir, DeepSpeedSettings(lr=1e-4))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         bare, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4), config={
             "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,

@@ -73,7 +73,6 @@ class DeepSpeedSettings:
             raise ConfigError(f"micro_batches={self.micro_batches} must be >= 0 (0 = as many as the packer makes)")
 
 
-OptimSettings = DeepSpeedSettings  # the name the trainer and the benchmark use
 
 
 @dataclass

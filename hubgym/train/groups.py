@@ -16,7 +16,6 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubgym.errors import BadRowError  # noqa: F401  (re-exported: `from hubgym.train.groups import BadRowError`)
 from hubgym.train.config import ConfigError
 
 ADVANTAGES = ("grpo", "dr_grpo")
@@ -127,11 +126,3 @@ def make_group(rows: list[dict[str, Any]], settings: GroupSettings, counts: Coun
             masked[i] = settings.truncated == "mask"
     return Group(rows[0].get("env", "?"), rows[0]["group"], rows, adv, weight, masked, list(refs or []))
 
-
-def __getattr__(name: str):
-    """`from hubgym.train.groups import GroupStream` keeps working (the stream lives in stream.py)."""
-    if name == "GroupStream":
-        from hubgym.train.stream import GroupStream
-
-        return GroupStream
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

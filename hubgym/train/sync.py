@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hubgym.train")
 
-SYNC_ENGINE_ARGS: dict[str, Any] = {}  # vLLM arguments a syncable engine needs: none (kept for callers passing it)
 WEIGHTS_FILE = "model.safetensors"
 _SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> TemporaryDirectory (no scratch given)
 

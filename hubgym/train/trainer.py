@@ -26,10 +26,11 @@ from typing import Any, Iterator
 from rich.console import Console
 
 from hubgym.train.config import TrainConfig
-from hubgym.train.groups import Group, GroupSettings, GroupStream
+from hubgym.train.groups import Group, GroupSettings
 from hubgym.train.loss import LossSettings, make_loss_fn
 from hubgym.train.metrics import MetricsLog
 from hubgym.train.packing import pack_step
+from hubgym.train.stream import GroupStream
 
 
 @dataclass
@@ -66,11 +67,10 @@ class Trainer:
         """The vLLM engine serving the current weights (started on first use, restarted if it died)."""
         if self._engine is None:
             from hubgym.rollout.engines import VLLMEngine
-            from hubgym.train.sync import SYNC_ENGINE_ARGS
 
             with _without_rendezvous_env():
                 self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len,
-                                          seed=self.cfg.seed, **SYNC_ENGINE_ARGS)
+                                          seed=self.cfg.seed)
             self._engine.policy_version = 0
         return self._engine
 
@@ -94,11 +94,11 @@ class Trainer:
 
     def run(self) -> TrainResult:
         from hubgym.train.checkpoint import load_checkpoint
-        from hubgym.train.engine import OptimSettings, Policy
+        from hubgym.train.engine import DeepSpeedSettings, Policy
 
         cfg = self.cfg
         o = cfg.optim
-        self.policy = Policy(self.model_dir(), OptimSettings(lr=o.lr, weight_decay=o.weight_decay,
+        self.policy = Policy(self.model_dir(), DeepSpeedSettings(lr=o.lr, weight_decay=o.weight_decay,
                              max_grad_norm=o.max_grad_norm, zero_stage=o.zero_stage, bf16=o.bf16,
                              gradient_checkpointing=o.gradient_checkpointing, seed=cfg.seed))
         self.weights = self.env_weights()
