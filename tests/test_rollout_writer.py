@@ -75,6 +75,19 @@ def test_rotation_by_rows_never_splits_a_group(tmp_path):
     assert writer.flush() is None  # nothing buffered: no empty shard
 
 
+def test_rows_taken_for_a_shard_are_exactly_its_rows(tmp_path):
+    """The rollout loop takes a full buffer, then writes it in a thread while new groups arrive."""
+    writer = ShardWriter(tmp_path, WORKER, max_rows=2)
+    assert writer.add_group(group(0), flush=False) == [] and writer.full
+    taken = writer.take()
+    writer.add_group(group(1), flush=False)  # arrives while the taken rows are being written
+    first = writer.write_shard(taken)
+    second = writer.flush()
+
+    assert [read_ids(first), read_ids(second)] == [["run-t0-0", "run-t0-1"], ["run-t1-0", "run-t1-1"]]
+    assert writer.rows_written == 4 and writer.shard_files()[first.name]["rows"] == 2
+
+
 def test_rotation_by_bytes(tmp_path):
     writer = ShardWriter(tmp_path, WORKER, max_rows=1000, max_bytes=2000)  # a 2-row group estimates ~1.1 kB
 

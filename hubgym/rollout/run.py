@@ -220,8 +220,8 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
     pending = iter(todo)
     one_flush = asyncio.Lock()
 
-    def store_shard() -> None:  # in a thread: generation goes on while the shard is encoded and fsynced
-        writer.flush()
+    def store_shard(rows: list) -> None:  # in a thread: generation goes on while the shard is encoded and fsynced
+        writer.write_shard(rows)
         writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))  # lists it at once
 
     with RolloutProgress(len(todo), config.n, enabled=progress) as bar:
@@ -234,9 +234,9 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
                 rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
                 writer.add_group(rows, flush=False)
                 if writer.full:
-                    async with one_flush:
-                        if writer.full:  # not taken by the flush we waited for
-                            await asyncio.to_thread(store_shard)
+                    shard = writer.take()  # here, so the shard holds exactly these rows
+                    async with one_flush:  # shards are written one at a time, in order
+                        await asyncio.to_thread(store_shard, shard)
                 tokens = sum(sum(r["completion_mask"]) for r in rows)
                 stats["written"] += len(rows)
                 stats["tokens"] += tokens

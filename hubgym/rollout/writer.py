@@ -62,7 +62,8 @@ class ShardWriter:
 
     def add_group(self, rows: Iterable[Rollout], flush: bool = True) -> list[Path]:
         """Buffer one group's rows; returns the shards written by this call (if the buffer filled).
-        With `flush=False` it only buffers: the caller checks `full` and calls `flush` itself (e.g. in a thread)."""
+        With `flush=False` it only buffers: the caller checks `full`, then `take`s the rows and writes them
+        with `write_shard` itself (e.g. in a thread)."""
         rows = list(rows)
         self._buffer += rows
         self._buffer_bytes += sum(_estimate_bytes(r) for r in rows)
@@ -72,14 +73,19 @@ class ShardWriter:
     def full(self) -> bool:
         return len(self._buffer) >= self.max_rows or self._buffer_bytes >= self.max_bytes
 
-    def flush(self) -> Path | None:
-        """Write the buffered rows as the next shard. The buffer is taken first, so rows added while the shard
-        is being written (flush running in another thread, one flush at a time) go to the next one."""
+    def take(self) -> list[Rollout]:
+        """The buffered rows, for `write_shard`; the buffer starts over empty."""
         rows, self._buffer, self._buffer_bytes = self._buffer, [], 0
+        return rows
+
+    def flush(self) -> Path | None:
+        return self.write_shard(self.take())
+
+    def write_shard(self, rows: list[Rollout]) -> Path | None:
+        """Write `rows` as the next shard (one call at a time)."""
         if not rows:
             return None
         path = self.shard_dir / f"{self.worker}-{self._next:05d}.arrow"
-        self._next += 1
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
             writer.write_table(_to_table(rows))
@@ -87,6 +93,7 @@ class ShardWriter:
         atomic_write_bytes(path, data)
         self._files[path.name] = {"rows": len(rows), "sha256": _sha256(data)}
         self.rows_written += len(rows)
+        self._next += 1
         return path
 
     def write_manifest(self, manifest: dict[str, Any]) -> Path:
