@@ -240,7 +240,7 @@ def hubgym_pass(config, engine) -> Pass:
     from hubgym.rollout.writer import ShardWriter
 
     engine.llm.reset_prefix_cache()  # every pass starts cold: no prompt of an earlier pass is cached
-    writer = Timers(ShardWriter, ("__init__", "existing_ids", "shards", "add_group", "flush", "write_manifest"))
+    writer = Timers(ShardWriter, ("__init__", "existing_ids", "shards", "add_group", "take", "flush", "write_shard", "write_manifest"))
     steps = Timers(engine.llm.llm_engine, ("step",))  # called by the engine's serving thread only
     started = time.perf_counter()
     with writer, steps:
@@ -488,7 +488,7 @@ Target (hubgym at least 0.9x raw): {verdict(passes)}"""
     hub_memory = [m for m in memory if m.run.side == "hubgym"]
     shards = f"""Machine: {where}. Reproduce: `{command}`.
 
-Writing: ShardWriter's methods (`add_group`, `flush`, `write_manifest`, opening and resume checks) are
+Writing: ShardWriter's methods (`add_group`, `take`, `write_shard`, `write_manifest`, opening and resume checks) are
 wrapped with timers inside each hubgym run above; their time is shown against the run's wall time
 (`RunSummary.seconds`). Shards hold up to 512 rows; each is built as an Arrow table, written to a
 temporary file, fsynced and renamed, then the manifest is rewritten the same way. That happens in a
