@@ -54,13 +54,13 @@ def make_rows(groups: int, n: int, prompt: int, completion: int, seed: int = 0) 
 
 
 def hubgym_step(policy, shard_dir: Path, settings, loss_fn, budget: int) -> tuple[int, float]:
-    from hubgym.hub.rollouts import iter_rollout_rows
+    from hubgym.hub.rollouts import iter_rollouts
     from hubgym.train.evaluate import env_metrics
     from hubgym.train.stream import GroupStream
     from hubgym.train.packing import pack_step
 
     started = time.perf_counter()
-    groups = list(GroupStream([iter_rollout_rows([shard_dir])], settings))
+    groups = list(GroupStream([iter_rollouts([shard_dir])], settings))
     [batches] = pack_step(groups, budget)
     stats = policy.train_step(batches, loss_fn)
     env_metrics([r for g in groups for r in g.rows])

@@ -23,7 +23,7 @@ from hubgym.cli import app
 from hubgym.errors import HubConnectionError, ShardError, SkippedShardsWarning, VerifierNotTrustedError
 from hubgym.hub import HfHub, LocalHub, push_env
 from hubgym.hub.base import get_hub
-from hubgym.hub.rollouts import iter_batches, iter_rollout_rows, iter_rollouts, open_rollouts, push_rollouts
+from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.shards import sha256_file
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.rollout.writer import ShardWriter
@@ -268,7 +268,7 @@ def test_a_truncated_shard_in_a_run_folder_is_detected_on_read(real_runs, tmp_pa
         list(iter_rollouts(run))
     counts: dict = {}
     with pytest.warns(SkippedShardsWarning, match=r"skipped 1 bad shard\(s\) \(of 4 in this read\)"):
-        rest = list(iter_rollout_rows([run], skip_bad=True, counts=counts))
+        rest = list(iter_rollouts([run], skip_bad=True, counts=counts))
     assert len(rest) == 6 and counts == {"bad_shards": 1, "shards": 3, "rows": 6}
 
 
@@ -349,6 +349,6 @@ def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     total = result.diff.filter(result.diff["component"] == "*").row(0, named=True)
     assert (total["changed"], total["mean_old"], total["mean_new"]) == (6, 0.5, 1.0)
     assert set(result.diff["component"]) == {"*", "correct", "formatted", "lenient"}
-    written = list(iter_rollout_rows([tmp_path / "v2"]))
+    written = list(iter_rollouts([tmp_path / "v2"]))
     assert {r["rescore_reward"] for r in written} == {1.0} and {r["reward"] for r in written} == {0.0, 1.0}
     assert all(r["rescore_verifier_module"] and json.dumps(r["info"]) for r in written)

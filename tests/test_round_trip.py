@@ -9,7 +9,7 @@ import pytest
 
 from hubgym.hub import push_env
 from hubgym.hub.base import get_hub
-from hubgym.hub.rollouts import iter_rollout_rows, push_rollouts
+from hubgym.hub.rollouts import iter_rollouts, push_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.score.rescore import plot_diff, rescore
 
@@ -55,7 +55,7 @@ def test_round_trip(hub_spec, engine, tiny_model, tmp_path):
     assert run_rollouts(config, engine=engine, progress=False).written == 8
 
     shards = push_rollouts(run, "org/rollouts", hub=hub_spec, name="r1")
-    rows = list(iter_rollout_rows([shards.ref], hub=hub_spec))
+    rows = list(iter_rollouts([shards.ref], hub=hub_spec))
     assert len(rows) == 8
     assert {(r["provenance"]["env_repo"], r["provenance"]["env_revision"]) for r in rows} == {
         ("org/arith", pushed.revision)}

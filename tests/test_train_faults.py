@@ -14,7 +14,7 @@ import signal
 import psutil
 import pytest
 
-from hubgym.hub.rollouts import iter_rollout_rows
+from hubgym.hub.rollouts import iter_rollouts
 from hubgym.train.config import load_config
 from hubgym.train.trainer import Trainer
 
@@ -58,7 +58,7 @@ def test_a_lost_engine_is_restarted_and_periodic_eval_runs(tiny_model, tmp_path,
     evaluated = sorted({line["step"] for line in lines if any(k.startswith("eval/") for k in line)})
     assert evaluated == [0, 2, STEPS]  # before, every 2 steps, after
 
-    rows = list(iter_rollout_rows([tmp_path / "online"]))
+    rows = list(iter_rollouts([tmp_path / "online"]))
     ids = [row["rollout_id"] for row in rows]
     assert len(ids) == len(set(ids)) == STEPS * 2 * 4  # each step's groups, once
     versions = {row["run_id"]: row["provenance"]["policy_version"] for row in rows}

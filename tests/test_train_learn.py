@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from hubgym.hub.rollouts import iter_rollout_rows
+from hubgym.hub.rollouts import iter_rollouts
 
 from hubgym.train.config import load_config
 from hubgym.train.trainer import Trainer
@@ -39,7 +39,7 @@ def test_online_grpo_raises_the_reward_well_beyond_noise(tiny_model, tmp_path):
     ratios = [json.loads(line)["policy/is_ratio_mean"] for line in history]
     assert abs(sum(ratios) / len(ratios) - 1.0) < 0.02  # fresh data: vLLM's logprobs are the trainer's
     by_step: dict[str, int] = {}  # run id -> policy_version (each step is its own run id)
-    for row in iter_rollout_rows([tmp_path / "online"]):
+    for row in iter_rollouts([tmp_path / "online"]):
         by_step.setdefault(row["run_id"], row["provenance"]["policy_version"])
     manifests = sorted((tmp_path / "online").glob("manifest-step*.json"))
     versions = [json.loads(m.read_text())["policy_version"] for m in manifests]

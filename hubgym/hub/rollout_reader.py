@@ -255,16 +255,3 @@ def _local_features(sources: list[ShardSource]) -> datasets.Features:
         except (pa.ArrowInvalid, OSError):
             continue
     return ROLLOUT_FEATURES
-
-
-# -- names kept for callers of the first version (lists of sources) ---------------------------------
-
-
-def iter_rollout_rows(sources: Source, *, hub: HubSpec = None, skip_bad: bool = False,
-                      counts: dict | None = None) -> Iterator[dict[str, Any]]:
-    return iter_rollouts(sources, hub=hub, skip_bad=skip_bad, counts=counts)
-
-
-def iter_rollout_batches(sources: Source, *, hub: HubSpec = None, skip_bad: bool = False,
-                         counts: dict | None = None) -> Iterator[pa.RecordBatch]:
-    return iter_batches(sources, hub=hub, skip_bad=skip_bad, counts=counts)

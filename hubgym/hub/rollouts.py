@@ -32,7 +32,7 @@ from hubgym.errors import EnvContractError, NoShardsError, ShardError, Where
 from hubgym.hub.base import GITATTRIBUTES, HubBackend, get_hub
 from hubgym.hub.rollout_card import merge_summaries, render_card, run_summary
 from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exported)
-    INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollout_batches, iter_rollout_rows, iter_rollouts,
+    INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollouts,
     open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
 )
 from hubgym.hub.shards import ShardSource, load_shard, sha256_file

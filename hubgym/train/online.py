@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 
-from hubgym.hub.rollouts import iter_rollout_rows
+from hubgym.hub.rollouts import iter_rollouts
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
 from hubgym.rollout.run import EnvTasks, RolloutConfig, load_env_tasks, to_row
@@ -106,4 +106,4 @@ class OnlineProducer:
         if not manifest.exists() or not json.loads(manifest.read_text()).get("complete"):
             return None
         shards = sorted((self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"))
-        return list(iter_rollout_rows(shards))
+        return list(iter_rollouts(shards))

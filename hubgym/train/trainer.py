@@ -220,11 +220,11 @@ class Trainer:
         self.stream_counts: dict[str, int] = {}
 
         def groups() -> Iterator[Group]:
-            from hubgym.hub.rollouts import iter_rollout_rows
+            from hubgym.hub.rollouts import iter_rollouts
 
             epoch = 0
             while sources:
-                stream = GroupStream([iter_rollout_rows([s], hub=self.hub) for s in sources], self.group_settings(),
+                stream = GroupStream([iter_rollouts([s], hub=self.hub) for s in sources], self.group_settings(),
                                      self.weights, seed=self.cfg.seed + epoch)
                 produced = False
                 for group in stream:
