@@ -111,6 +111,7 @@ class VLLMEngine:
     """
 
     IDLE_S = 1.0  # the serving thread ends after this long with nothing to do; the next request starts it
+    RPC_TIMEOUT_S = 600.0  # a weight reload that takes longer means the engine is gone
 
     name, token_in = "vllm", True
 
@@ -241,7 +242,12 @@ class VLLMEngine:
         `folder` (Hugging Face names: its loader maps them onto fused layers such as qkv and gate_up and redoes
         kernel repacking). The prefix cache is then dropped, so no KV computed by the old weights is reused, and
         vLLM labels the tokens it samples from now on with the version (`CompletionOutput.weight_versions`)."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        if not self.alive():  # vLLM would wait forever for a dead engine core's answer
+            raise EngineError("the vLLM engine is not running (its engine-core process died): restart it first")
+        try:
+            self.llm.collective_rpc("reload_weights", timeout=self.RPC_TIMEOUT_S, kwargs={"weights_path": str(folder)})
+        except TimeoutError as exc:
+            raise EngineError(f"vLLM did not load the weights in {folder} within {self.RPC_TIMEOUT_S} s") from exc
         if not self.llm.reset_prefix_cache():
             raise EngineError("vLLM could not drop its prefix cache after loading weights: requests were running; "
                               "load weights between generate calls")
@@ -256,7 +262,7 @@ class VLLMEngine:
         if resources is None:  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
             return True
         processes = getattr(resources.engine_manager, "processes", [])
-        return not resources.engine_dead and all(p.is_alive() for p in processes)
+        return not resources.engine_dead and all(_running(p.pid) for p in processes)
 
     def restart(self) -> None:
         """A fresh engine with the same arguments, serving the last loaded weights under the same version."""
@@ -269,6 +275,17 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.llm = None  # vLLM shuts its engine core down when the LLM is collected
+
+
+def _running(pid: int | None) -> bool:
+    """Whether process `pid` runs. By pid, not `multiprocessing.Process.is_alive()`: that reports a child that
+    someone else already reaped as alive, and vLLM marks its engine dead only after its own clean-up."""
+    import psutil
+
+    try:
+        return pid is not None and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _fail_all(running: dict[str, _Waiter], exc: Exception) -> None:
