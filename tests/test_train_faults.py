@@ -1,8 +1,8 @@
 """The online phase survives losing its vLLM engine, and evaluates the policy periodically.
 
 One short online run: after the first step the vLLM engine-core process is killed (SIGKILL, as an
-out-of-memory kill would); the next step's generation fails, the trainer starts a fresh engine with
-the current weights and the run completes every step, with no step's rollouts missing or doubled.
+out-of-memory kill would); the next step finds it dead before syncing the new weights, starts a fresh
+engine with them, and the run completes every step, with no step's rollouts missing or doubled.
 """
 
 from __future__ import annotations
@@ -28,8 +28,13 @@ def kill_engine_core() -> int:
     assert len(cores) == 1, f"expected one vLLM engine core, found {cores}"
     os.kill(cores[0].pid, signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while cores[0].is_running() and cores[0].status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
-        time.sleep(0.01)  # until it is gone; not reaped here (vLLM does that, as after a real crash)
+    while time.monotonic() < deadline:  # until it is gone; not reaped here (vLLM does that, as after a real crash)
+        try:
+            if cores[0].status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.01)
     return cores[0].pid
 
 
