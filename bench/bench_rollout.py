@@ -64,7 +64,7 @@ class BenchArithmetic(Arithmetic):
 
 
 BENCH_ENV = f"{Path(__file__).resolve()}:bench"
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from results import RESULTS, write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 THROUGHPUT_HEADING = "## Rollouts: hubgym vs raw vLLM (single_turn, offline)"
 SHARDS_HEADING = "## Rollouts: shard writing cost and memory"
 
@@ -431,18 +431,6 @@ def markdown(table) -> str:
     return "\n".join(lines)
 
 
-def replace_section(text: str, heading: str, body: str) -> str:
-    """`text` with the section under `heading` (up to the next `## `) replaced by `body`, or appended."""
-    section = f"{heading}\n\n{body.strip()}\n"
-    lines = text.splitlines(keepends=True)
-    start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == heading), None)
-    if start is None:
-        return f"{text.rstrip()}\n\n{section}" if text.strip() else f"# Benchmarks\n\n{section}"
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    return "".join(lines[:start]) + section + (f"\n{tail}" if tail else "")
-
-
 def verdict(passes: list[Pass]) -> str:
     raw = [p for p in passes if p.side == "raw"]
     hub = [p for p in passes if p.side == "hubgym"]
@@ -508,9 +496,8 @@ shard's rows buffered, so its memory does not grow with the number of rollouts; 
 (a few hundred bytes each) are held for the run.
 
 {markdown(memory_table(memory))}"""
-    text = path.read_text() if path.exists() else ""
-    text = replace_section(text, THROUGHPUT_HEADING, throughput)
-    path.write_text(replace_section(text, SHARDS_HEADING, shards))
+    write_section(THROUGHPUT_HEADING, throughput, path)
+    write_section(SHARDS_HEADING, shards, path)
 
 
 # -- main ---------------------------------------------------------------------------------------

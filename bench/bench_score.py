@@ -40,9 +40,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 HEADING = "## Re-scoring stored rollouts"
-NOTES = "<!-- notes: kept when the table above is regenerated -->"
 COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "reward")  # what both sides read
 
 
@@ -292,23 +291,14 @@ def write_results(table: str, args, load_start, load_end) -> None:
     import pyarrow
     import vllm
 
-    body = (f"{HEADING}\n\nMeasured {dt.date.today()} with `python bench/bench_score.py --verifiers-python "
+    body = (f"Measured {dt.date.today()} with `python bench/bench_score.py --verifiers-python "
             f"VENV/bin/python --rows {args.rows} --repeats {args.repeats}` on {platform.machine()} "
             f"({os.cpu_count()} cores, no GPU); load average {load_start[0]:.2f} at the start and {load_end[0]:.2f} at "
             f"the end (other jobs shared the machine). verifiers 0.3.1, pyarrow {pyarrow.__version__}, "
             f"vLLM {vllm.__version__}. Each built-in env: its golden cases replicated to {args.rows} stored rows; "
             f"`{args.vllm_env} (vLLM run)`: {args.vllm_tasks} tasks x {args.n} samples of a real vLLM run "
             f"with the tiny model.\n\n```\n{table}```\n")
-    text = RESULTS.read_text()
-    if HEADING in text:
-        start = text.index(HEADING)
-        end = text.find("\n## ", start + len(HEADING))
-        section = text[start:end if end >= 0 else len(text)]
-        kept = section[section.index(NOTES):].rstrip() + "\n" if NOTES in section else ""  # written by hand
-        text = text[:start] + body + ("\n" + kept if kept else "") + ("\n" + text[end + 1:] if end >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    RESULTS.write_text(text)
+    write_section(HEADING, body)
 
 
 if __name__ == "__main__":

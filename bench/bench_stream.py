@@ -38,7 +38,7 @@ from typing import Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 HEADING = "## Streaming rollouts from a Hub"
 
 
@@ -195,7 +195,7 @@ def write_results(text: str, args: argparse.Namespace, seed_rows_count: int, loa
                     if v != {"rows": 20_000, "per_shard": 1000, "server": "process"}[k])
     server = ("in a child process of the benchmark" if args.server == "process" else
               "in a thread of the benchmark's process (sharing its CPU and GIL with the reader)")
-    body = (f"{HEADING}\n\nMeasured {dt.date.today()} with `python bench/bench_stream.py{flags}` on "
+    body = (f"Measured {dt.date.today()} with `python bench/bench_stream.py{flags}` on "
             f"{platform.machine()} ({os.cpu_count()} cores); {load} (`uptime`). Rows: {seed_rows_count} real rollouts "
             f"(vLLM, the tiny local model, arithmetic:easy, up to 64 tokens a reply) replicated to {args.rows:,} with "
             f"new ids, {args.per_shard} a shard. The loopback Hub-API server (tests/hub_server.py) runs {server} on "
@@ -204,14 +204,7 @@ def write_results(text: str, args: argparse.Namespace, seed_rows_count: int, loa
             f"its rows, so their time to first row is one shard's transfer; `datasets` starts on a shard's first "
             f"bytes and checks nothing. `open_rollouts` is hubgym's verified reading behind the `datasets` API "
             f"(datasets calls it once per shard, so it runs without `iter_batches`' prefetch of the next shard).\n\n")
-    text_now = RESULTS.read_text()
-    if HEADING in text_now:
-        start = text_now.index(HEADING)
-        end = text_now.find("\n## ", start + len(HEADING))
-        text_now = text_now[:start] + body + (text_now[end + 1:] if end >= 0 else "")
-    else:
-        text_now = text_now.rstrip() + "\n\n" + body
-    RESULTS.write_text(text_now)
+    write_section(HEADING, body)
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import torch  # noqa: E402
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 HEADING = "## Training step: hubgym vs a bare DeepSpeed loop"
 
 
@@ -148,7 +148,7 @@ def write_results(args, table, ratio: float, load, micro_batches: int) -> None:
 
     capture = Console(width=140, record=True, file=open(os.devnull, "w"))
     capture.print(table)
-    body = (f"{HEADING}\n\nMeasured {dt.date.today()} with `python bench/bench_train.py` on {platform.machine()} "
+    body = (f"Measured {dt.date.today()} with `python bench/bench_train.py` on {platform.machine()} "
             f"({os.cpu_count()} cores), load average {load[0]:.2f} at start. One step = {args.groups} groups x "
             f"{args.n} samples, prompts {args.prompt} tokens, completions {args.completion // 2}-{args.completion} "
             f"tokens, {micro_batches} micro-batches of at most {args.budget} tokens; tiny model, ZeRO-2, fp32, "
@@ -157,14 +157,7 @@ def write_results(args, table, ratio: float, load, micro_batches: int) -> None:
             f"from an Arrow shard, grouping, advantages, packing, the full GRPO loss (clipping, metrics, entropy) "
             f"and the per-env metrics; the bare loop only does forward, a masked policy-gradient loss, backward "
             f"and the optimizer step on the already packed micro-batches.\n")
-    text = RESULTS.read_text() if RESULTS.exists() else ""
-    if HEADING in text:
-        start = text.index(HEADING)
-        end = text.find("\n## ", start + len(HEADING))
-        text = text[:start] + body + (text[end + 1:] if end >= 0 else "")
-    else:
-        text = text.rstrip() + "\n\n" + body
-    RESULTS.write_text(text)
+    write_section(HEADING, body)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-RESULTS = Path(__file__).with_name("RESULTS.md")
+from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 HEADING = "## GRPO step: hubgym vs TRL's GRPOTrainer"
 ENV = "arithmetic:tiny"
 MODELS = {  # name -> TinyModelConfig overrides
@@ -248,20 +248,13 @@ def write_results(args, report, sizes: dict[str, int], load, trl_version: str) -
     capture = Console(width=160, record=True, file=open(os.devnull, "w"))
     capture.print(report)
     models = ", ".join(f"{m} ({sizes[m] / 1e6:.1f}M parameters)" for m in sizes)
-    body = (f"{HEADING}\n\nMeasured {dt.date.today()} with `python bench/bench_trl.py` on {platform.machine()} "
+    body = (f"Measured {dt.date.today()} with `python bench/bench_trl.py` on {platform.machine()} "
             f"({os.cpu_count()} cores, no GPU), load average {load[0]:.2f} at start; TRL {trl_version}, "
             f"vLLM {vllm.__version__}, DeepSpeed {deepspeed.__version__}. Models: {models}. One step = "
             f"{args.groups} prompts x {args.n} samples of `{ENV}`, at most {args.max_tokens} new tokens, loss "
             f"`{args.loss}`, {args.steps - args.warmup} measured steps per side after {args.warmup} of warm-up.\n\n"
             f"```\n{capture.export_text()}```\n")
-    text = RESULTS.read_text() if RESULTS.exists() else ""
-    if HEADING in text:  # replace the heading, the paragraph and the table; notes written after the table stay
-        start = text.index(HEADING)
-        table_end = text.index("```\n", text.index("```", start) + 3) + 4
-        text = text[:start] + body + text[table_end:]
-    else:
-        text = text.rstrip() + "\n\n" + body
-    RESULTS.write_text(text)
+    write_section(HEADING, body)
 
 
 if __name__ == "__main__":
