@@ -621,3 +621,18 @@ def hub_client(hub_server, monkeypatch, tmp_path):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-datasets-cache")
     yield hub_server
+
+
+TOKEN = "hf_loopbackSecretToken123456"  # the token tests hand to the clients of a hub_server that requires one
+
+
+@pytest.fixture(params=["local", "http"])
+def hub_spec(request, tmp_path, monkeypatch) -> str:
+    """Each hub backend in turn, as `get_hub` takes it: a local hub folder, then the loopback Hub-API server
+    (the Hugging Face backend) requiring TOKEN, which HF_TOKEN holds."""
+    if request.param == "local":
+        return str(tmp_path / "hub")
+    client = request.getfixturevalue("hub_client")
+    client.token = TOKEN
+    monkeypatch.setenv("HF_TOKEN", TOKEN)
+    return client.url

@@ -10,12 +10,13 @@ import pytest
 from hubgym.errors import EnvContractError, EnvNotFoundError, HubAuthError, HubConnectionError, VerifierNotTrustedError
 from hubgym.hub import HfHub, load_env, push_env
 
+from hub_server import TOKEN
+
 pytest_plugins = ["hub_server"]  # the hub_server and hub_client fixtures (tests/hub_server.py)
 # huggingface_hub's LFS upload passes a file object as `data=`, which httpx2 deprecates: not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
 SMALL = {"sizes": {"train": 6, "test": 3}}
-TOKEN = "hf_loopbackSecretToken123456"
 
 
 @pytest.fixture

@@ -30,9 +30,10 @@ from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.score.rescore import rescore
 
-pytest_plugins = ["hub_server"]
+from hub_server import TOKEN
+
+pytest_plugins = ["hub_server"]  # its fixtures: hub_server, hub_client, hub_spec
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
-TOKEN = "hf_loopbackSecretToken123456"
 
 
 def make_run(folder, run_id: str, groups: int = 6, n: int = 2, per_shard: int = 4):
@@ -270,16 +271,6 @@ def test_a_truncated_shard_in_a_run_folder_is_detected_on_read(real_runs, tmp_pa
     with pytest.warns(SkippedShardsWarning, match=r"skipped 1 bad shard\(s\) \(of 4 in this read\)"):
         rest = list(iter_rollouts([run], skip_bad=True, counts=counts))
     assert len(rest) == 6 and counts == {"bad_shards": 1, "shards": 3, "rows": 6}
-
-
-@pytest.fixture(params=["local", "http"])
-def hub_spec(request, tmp_path, monkeypatch) -> str:
-    if request.param == "local":
-        return str(tmp_path / "hub")
-    client = request.getfixturevalue("hub_client")
-    client.token = TOKEN
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    return client.url
 
 
 def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, engine, tiny_model, tmp_path):

@@ -13,9 +13,10 @@ from hubgym.hub.rollouts import iter_rollouts, push_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.score.rescore import plot_diff, rescore
 
-pytest_plugins = ["hub_server"]
+from hub_server import TOKEN
+
+pytest_plugins = ["hub_server"]  # its fixtures: hub_server, hub_client, hub_spec
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
-TOKEN = "hf_loopbackSecretToken123456"
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +26,6 @@ def engine(tiny_model):
     engine = VLLMEngine(str(tiny_model), max_model_len=512)
     yield engine
     engine.close()
-
-
-@pytest.fixture(params=["local", "http"])
-def hub_spec(request, tmp_path, monkeypatch) -> str:
-    if request.param == "local":
-        return str(tmp_path / "hub")
-    client = request.getfixturevalue("hub_client")
-    client.token = TOKEN
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    return client.url  # get_hub(URL): the Hugging Face backend on that Hub-API server
 
 
 def test_round_trip(hub_spec, engine, tiny_model, tmp_path):
