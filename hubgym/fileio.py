@@ -1,7 +1,8 @@
-"""Atomic file writes: readers see the old file or the new one, never a half-written one."""
+"""Atomic file writes (readers see the old file or the new one, never a half-written one) and file hashes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -37,3 +38,12 @@ def replace_dir(staged: Path, final: Path) -> None:
     finally:
         os.close(fd)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()

@@ -20,9 +20,9 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from hubgym.errors import HubConnectionError, ShardError
+from hubgym.fileio import sha256_file
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 
-_CHUNK = 1 << 20
 FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
 
 
@@ -52,14 +52,6 @@ class LoadedShard:
     def batches(self) -> Iterator[pa.RecordBatch]:
         for i in range(self.reader.num_record_batches):
             yield self.reader.get_batch(i)
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_CHUNK):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from hubgym.fileio import atomic_write_bytes
+from hubgym.fileio import atomic_write_bytes, sha256_file
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
 
 
@@ -42,8 +42,16 @@ class ShardWriter:
         for stale in stale_temps:  # left by a crash mid-write (only this worker's: others may be writing)
             stale.unlink()
         self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in self.shards()), default=-1)
-        self._files = {p.name: {"rows": _count_rows(p), "sha256": _sha256(p.read_bytes())} for p in self.shards()}
+        recorded = self._recorded_files()  # a resumed worker reads only shards its manifest does not list yet
+        self._files = {p.name: recorded.get(p.name) or {"rows": _count_rows(p), "sha256": sha256_file(p)}
+                       for p in self.shards()}
         self.rows_written = sum(f["rows"] for f in self._files.values())
+
+    def _recorded_files(self) -> dict[str, dict[str, Any]]:
+        manifest = self.run_dir / f"manifest-{self.worker}.json"
+        if not manifest.exists():
+            return {}
+        return json.loads(manifest.read_text()).get("shard_files") or {}
 
     def shards(self) -> list[Path]:
         return sorted(self.shard_dir.glob(f"{self.worker}-*.arrow"))
@@ -91,7 +99,7 @@ class ShardWriter:
             writer.write_table(_to_table(rows))
         data = sink.getvalue().to_pybytes()
         atomic_write_bytes(path, data)
-        self._files[path.name] = {"rows": len(rows), "sha256": _sha256(data)}
+        self._files[path.name] = {"rows": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
         self.rows_written += len(rows)
         self._next += 1
         return path
@@ -126,9 +134,6 @@ def _count_rows(path: Path) -> int:
         reader = pa.ipc.open_file(source)
         return sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
 
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _estimate_bytes(row: Rollout) -> int:
