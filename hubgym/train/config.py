@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hubgym.errors import HubgymError
 
@@ -39,6 +39,8 @@ class Online(Section):
     sync_every: int = Field(1, ge=1, description="sync trained weights into vLLM every K steps")
     offline_fraction: float = Field(0.0, ge=0, le=1, description="share of each online step's groups drawn from the "
                                     "offline sources (the mix schedule; 0 = only fresh rollouts)")
+    async_steps: int = Field(0, ge=0, description="sample the rollouts of step t while steps t-k..t-1 train (k "
+                             "steps off-policy, corrected by the IS weight); 0 = strictly on-policy")
     split: str = Field("train", description="split the online tasks come from")
     push: str | None = Field(None, description="also push the online rollouts (OUT/online) to this rollout repo, "
                              "as config 'online', at every checkpoint and at the end")
@@ -130,6 +132,15 @@ class TrainConfig(Section):
     def total_steps(self) -> int:
         return self.offline.steps + self.online.steps
 
+    @model_validator(mode="after")
+    def _staleness_admits_async(self) -> TrainConfig:
+        """Rollouts sampled k steps ahead are k versions old: a tighter bound would mask every one of them."""
+        bound, lag = self.loss.max_staleness, self.online.async_steps
+        if bound is not None and lag > bound:
+            raise ValueError(f"loss.max_staleness={bound} is below online.async_steps={lag}, so every online row "
+                             f"would be masked; set loss.max_staleness >= {lag} or lower online.async_steps")
+        return self
+
 
 class ConfigError(HubgymError, ValueError):
     """A config file or override that cannot be used; the message says which key and how to fix it."""
@@ -151,7 +162,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise ConfigError(f"invalid training config{f' {path}' if path else ''}: {problems}") from None
 
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,17 +90,22 @@ class StepStats:
 
 
 def init_distributed() -> tuple[int, int]:
-    """(rank, world size). Sets the single-process rendezvous variables when no launcher did."""
-    if "RANK" not in os.environ:  # a plain `python script.py`: DeepSpeed would otherwise look for MPI
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT") or str(_free_port())
+    """(rank, world size). With no launcher (a plain `python script.py`, where DeepSpeed would otherwise look
+    for MPI) it starts a one-process group itself, on a port the OS assigns while binding it: picking a free
+    port first and binding it later races with every other process starting up on the machine."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR.expanduser()))
     import deepspeed
 
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+    if "RANK" not in os.environ and not torch.distributed.is_initialized():
+        store = torch.distributed.TCPStore("127.0.0.1", int(os.environ.get("MASTER_PORT", 0)), 1, True)
+        torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1)
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(store.port))
+    if not torch.distributed.is_initialized() or not deepspeed.comm.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
@@ -296,12 +300,6 @@ def _reduce(name: str, values: list[float]) -> float:
 def _barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def shutdown() -> None:

@@ -7,7 +7,9 @@ rollouts (`offline.sources`: run folders, shard files or hub refs), cycling over
 remaining `online.steps` sample fresh groups of the current policy with vLLM (weights synced
 into the engine every `online.sync_every` steps, `policy_version` = the step of the synced
 weights) and, per `online.offline_fraction`, mix in stored groups. Both go through the same
-GroupStream -> pack_step -> Policy.train_step path.
+GroupStream -> pack_step -> Policy.train_step path. All engine work runs on one background thread
+(hubgym.train.ahead): with `online.async_steps = k` the rollouts of step t are sampled while steps
+t-k..t-1 train.
 
 Evaluation runs on each env's held-out split before training, every `eval.every` steps, and
 after. A checkpoint (weights, optimizer, stream position, RNG) is written every
@@ -25,6 +27,7 @@ from typing import Any, Iterator
 
 from rich.console import Console
 
+from hubgym.train.ahead import EngineWorker
 from hubgym.train.config import TrainConfig
 from hubgym.train.groups import Group, GroupSettings
 from hubgym.train.loss import LossSettings, make_loss_fn
@@ -49,7 +52,9 @@ class Trainer:
                  trust: bool = False):
         self.cfg, self.console, self.hub, self.trust = cfg, console or Console(), hub, trust
         self.out = Path(cfg.output_dir)
-        self._engine = engine
+        self._engine, self._owns_engine = engine, engine is None  # a given engine is the caller's to close
+        self.synced: int | None = None if engine is not None else 0  # a fresh engine serves the initial weights
+        self.worker = EngineWorker()  # the engine's jobs: weight syncs, online rollouts
         self.offline_used = 0  # groups taken from the offline stream so far (the stream position)
         self.step_times: dict[str, float] = {}  # weight sync and generation seconds of the current online step
         self.counts: dict[str, int] = {}
@@ -109,8 +114,9 @@ class Trainer:
         start = client["step"] + 1 if client else 0
         self.offline_used = client["stream"]["offline_groups"] if client else 0
         offline = self._offline_groups(skip=self.offline_used)
-        if start > 0:  # resumed: the engine serves the checkpoint's weights (version = steps taken)
-            self._sync(start)
+        if self.policy.rank == 0 and (cfg.online.steps or cfg.eval.limit):
+            self.engine()  # started here, on the main thread, before the engine thread uses it
+        self._sync(start)  # resumed (or a given engine): serve the checkpoint's weights, version = steps taken
         before = self._evaluate(0, log) if start == 0 else {}
         producer = self._producer() if cfg.online.steps else None
         for step in range(start, cfg.total_steps):
@@ -119,7 +125,6 @@ class Trainer:
             metrics = self._train(step, groups, rows, started)
             log.log(step, metrics)
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.total_steps:
-                self._sync(step + 1)
                 self._evaluate(step + 1, log)
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 self._checkpoint(step)
@@ -127,14 +132,14 @@ class Trainer:
         if start < steps:
             self._checkpoint(steps - 1)
         exported = self.policy.export_hf(self.out / "model")
-        self._sync(steps)
         after = self._evaluate(steps, log)
         plot = log.close()
         self.counts.update(self.stream_counts)
         return TrainResult(steps, before, after, exported, log.path, plot, dict(self.counts))
 
     def close(self) -> None:
-        if self._engine is not None:
+        self.worker.close()
+        if self._engine is not None and self._owns_engine:
             self._engine.close()
             self._engine = None
 
@@ -147,17 +152,23 @@ class Trainer:
             groups = self._take(offline, wanted)
             return groups, [r for g in groups for r in g.rows]
         from_store = round(wanted * cfg.online.offline_fraction) if cfg.offline.sources else 0
-        started = time.perf_counter()
         if (step - cfg.offline.steps) % cfg.online.sync_every == 0:
-            self._sync(step)
-        synced = time.perf_counter()
-        rows = self._produce(producer, step, wanted - from_store) if self.policy.rank == 0 else []
-        self.step_times = {"time/sync_s": synced - started, "time/generate_s": time.perf_counter() - synced}
+            self._sync(step)  # queued behind the rollouts planned before it
+        rows = []
+        if self.policy.rank == 0:
+            self._plan_rollouts(step, producer, wanted - from_store)
+            rows, self.step_times = self.worker.rows(step)
         rows = _broadcast(rows, self.policy.world_size)
         stream = GroupStream([rows], self.group_settings(), self.weights, seed=cfg.seed + step)
         fresh = list(stream)
         self._count(stream.counts)
         return fresh + self._take(offline, from_store), rows
+
+    def _plan_rollouts(self, step: int, producer, groups: int) -> None:
+        """Queue the rollouts of steps up to `step + online.async_steps` (each sampled by the weights synced last)."""
+        last = min(step + self.cfg.online.async_steps, self.cfg.total_steps - 1)
+        for planned in range(max(step, self.worker.planned_until + 1), last + 1):
+            self.worker.plan(planned, lambda s: self._produce(producer, s, groups))
 
     def _produce(self, producer, step: int, groups: int) -> list[dict]:
         """Fresh rows from the engine; a dead engine is restarted once with the current weights."""
@@ -262,24 +273,35 @@ class Trainer:
                               trust=self.trust)
 
     def _sync(self, version: int) -> None:
-        """Load the current weights into vLLM (only when something samples: online steps or evaluation)."""
-        from hubgym.train.sync import sync_weights
-
-        if not self.cfg.online.steps and not self.cfg.eval.limit:
+        """Queue loading the current weights into vLLM as `version` (only when something samples: online steps
+        or evaluation). With rollouts sampled ahead the weights are copied: the next step changes them in place."""
+        if (not self.cfg.online.steps and not self.cfg.eval.limit) or self.synced == version:
             return
         state = self.policy.full_state_dict()
         if self.policy.rank == 0:
-            self._revive()
-            seconds = sync_weights(self.engine(), state, version, self.out / "sync")
-            self._count({"weight_syncs": 1})
-            self.last_sync_s = seconds
+            if self.cfg.online.async_steps:
+                state = {name: tensor.detach().clone() for name, tensor in state.items()}
+            self.worker.sync(self._sync_now, state, version)
+        self.synced = version
 
+    def _sync_now(self, state: dict, version: int) -> float:
+        """On the engine thread: restart a dead engine, then load `state`; returns the seconds."""
+        from hubgym.train.sync import sync_weights
+
+        self._revive()
+        seconds = sync_weights(self.engine(), state, version, self.out / "sync")
+        self._count({"weight_syncs": 1})
+        return seconds
 
     def _evaluate(self, step: int, log: MetricsLog) -> dict[str, float]:
         from hubgym.train.evaluate import evaluate
 
-        if self.policy.rank != 0 or not self.cfg.eval.limit:
+        if not self.cfg.eval.limit:
             return {}
+        self._sync(step)  # the weights of `step`, after the rollouts already planned
+        if self.policy.rank != 0:
+            return {}
+        self.worker.drain()  # nothing else uses the engine while evaluating
         e = self.cfg.eval
         metrics = evaluate(self.engine(), [m.name for m in self.cfg.envs], model=self.model_dir(),
                            out=self.out / "eval", step=step, split=e.split, limit=e.limit, n=e.n,
@@ -291,6 +313,8 @@ class Trainer:
     def _checkpoint(self, step: int) -> None:
         from hubgym.train.checkpoint import save_checkpoint
 
+        if self.policy.rank == 0:
+            self.worker.drain()  # rollouts planned for later steps are on disk: a resume reads them back
         save_checkpoint(self.policy, self.out / "checkpoints", step, {"offline_groups": self.offline_used},
                         keep=self.cfg.keep_checkpoints)
         if self.cfg.online.push and self.policy.rank == 0 and (self.out / "online" / "shards").exists():

@@ -1,0 +1,82 @@
+"""The vLLM engine's work on one background thread, so online rollouts can be sampled ahead of training.
+
+    worker = EngineWorker()
+    worker.submit(sync, state, version)        # weight syncs and rollouts run in the order submitted
+    worker.plan(step, produce)                 # step's rollouts start as soon as the thread is free
+    rows, timings = worker.rows(step)          # waits for them
+    worker.drain()                             # before anything else touches the engine (eval, checkpoint)
+
+With `online.async_steps = k` the trainer plans the rollouts of step t while steps t-k..t-1 still train, so
+sampling (vLLM, in its own process) and the optimizer step overlap; the rows of step t are then sampled by
+the weights of step t-k, and the loss corrects for the lag with its importance weight against the stored
+behaviour logprobs (`policy_version` records it). k = 0 is strictly on-policy: each step's rollouts are
+planned just before they are needed.
+
+Why one thread and a queue rather than a second engine or locks: a weight sync must never land in the
+middle of a rollout, and the weights that sample a given step must depend on the config only, never on
+timing, so that a resumed run samples exactly what the killed one would have. A FIFO of engine jobs gives
+both: a rollout runs with the weights of the last sync submitted before it.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+
+class EngineWorker:
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hubgym-engine")
+        self._jobs: list[Future] = []
+        self._rows: dict[int, Future] = {}
+        self.planned_until = -1  # the last step whose rollouts were planned
+        self.sync_seconds = 0.0  # spent in weight syncs since the last `rows`
+
+    def submit(self, job: Callable[..., Any], *args: Any) -> Future:
+        """Run `job(*args)` on the engine thread after everything submitted before it."""
+        future = self._pool.submit(job, *args)
+        self._jobs.append(future)
+        return future
+
+    def sync(self, job: Callable[..., float], *args: Any) -> None:
+        """A weight sync: `job` returns its seconds, reported with the next step's rollouts."""
+        def timed() -> None:
+            self.sync_seconds += job(*args)
+
+        self.submit(timed)
+
+    def plan(self, step: int, produce: Callable[[int], list[dict]]) -> None:
+        """Start sampling `step`'s rollouts once the engine thread is free."""
+        def timed() -> tuple[list[dict], float]:
+            started = time.perf_counter()
+            return produce(step), time.perf_counter() - started
+
+        self._rows[step] = self.submit(timed)
+        self.planned_until = max(self.planned_until, step)
+
+    def rows(self, step: int) -> tuple[list[dict], dict[str, float]]:
+        """`step`'s rollouts (waiting for them) and the timings: generation, the wait, and syncs since last time."""
+        started = time.perf_counter()
+        rows, generate_s = self._rows.pop(step).result()  # a failure in the thread is raised here
+        self._raise_failures()  # e.g. a weight sync that failed before these rows were sampled
+        timings = {"time/generate_s": generate_s, "time/wait_s": time.perf_counter() - started,
+                   "time/sync_s": self.sync_seconds}
+        self.sync_seconds = 0.0
+        return rows, timings
+
+    def drain(self) -> None:
+        """Wait for every job submitted so far (raising the first failure)."""
+        jobs, self._jobs = self._jobs, []
+        for job in jobs:
+            job.result()
+
+    def _raise_failures(self) -> None:
+        finished = [job for job in self._jobs if job.done()]
+        self._jobs = [job for job in self._jobs if not job.done()]
+        for job in finished:
+            job.result()
+
+    def close(self) -> None:
+        """Stop: queued jobs are dropped, a running one is waited for."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
