@@ -8,18 +8,22 @@ Both sides run GRPO on the arithmetic env (`arithmetic:tiny` tasks, its verifier
 from the same locally made model, with the same step: `--groups` prompts x `--n` samples,
 at most `--max-tokens` new tokens, temperature 1, the same loss type (`grpo`, `dapo` or `dr_grpo`),
 clip range 0.2/0.28, no KL term, AdamW at the same learning rate, fp32, one process on the CPU.
-Each side runs in its own child process (one after the other, order alternating per model), so
+Each side runs in its own child process (one after the other, order rotating per model), so
 neither's threads or allocator disturb the other; the first `--warmup` steps are not counted.
 
 - hubgym: `hubgym.train.Trainer`, online phase only: vLLM samples each group, the new weights are
-  synced into vLLM every step, DeepSpeed ZeRO-2 trains.
+  synced into vLLM every step, DeepSpeed ZeRO-2 trains. Strictly on-policy, like TRL.
+- hubgym-async: the same with `online.async_steps=1`: step t's rollouts are sampled (by the weights of
+  step t-1) while step t-1 trains, so sampling and training overlap; one step off-policy, corrected by
+  the loss's importance weight. TRL's GRPOTrainer has no such mode on the CPU.
 - TRL: `GRPOTrainer` with its default generation (`model.generate` in the training process; TRL's
   vLLM modes need a GPU server or a CUDA colocated engine) and its torch AdamW, no DeepSpeed.
 
-Reported per side: seconds per step, the part of it spent sampling and scoring (hubgym: vLLM
-generation plus weight sync; TRL: `_generate_and_score_completions`), the rest ("training": grouping,
-advantages, forward, backward, optimizer step, logging), and tokens/s of the training part (real
-prompt + completion tokens forwarded, padding not counted). Ratios are hubgym over TRL.
+Reported per side: seconds per step, the part of it spent waiting for sampling and scoring (hubgym:
+vLLM generation plus weight sync; hubgym-async: the wait for rollouts sampled in the background; TRL:
+`_generate_and_score_completions`), the rest ("training": grouping, advantages, forward, backward,
+optimizer step, logging), and tokens/s of the training part (real prompt + completion tokens forwarded,
+padding not counted). Ratios are hubgym over TRL.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 HEADING = "## GRPO step: hubgym vs TRL's GRPOTrainer"
 ENV = "arithmetic:tiny"
+SIDES = ("hubgym", "hubgym-async", "trl")
 MODELS = {  # name -> TinyModelConfig overrides
     "tiny": {},
     "small": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 4, "num_attention_heads": 8,
@@ -58,7 +63,7 @@ def make_model(name: str, root: Path) -> Path:
 
 # -- the hubgym side ----------------------------------------------------------------------------
 
-def run_hubgym(args, model: Path, out: Path) -> list[dict]:
+def run_hubgym(args, model: Path, out: Path, async_steps: int = 0) -> list[dict]:
     from rich.console import Console
 
     from hubgym.train.config import load_config
@@ -68,7 +73,8 @@ def run_hubgym(args, model: Path, out: Path) -> list[dict]:
             f"online.steps={args.steps}", "eval.limit=0", "log.every=1000000", f"seed={args.seed}",
             f"batch.groups_per_step={args.groups}", f"grpo.n={args.n}", f"sampling.max_tokens={args.max_tokens}",
             f"loss.variant={args.loss}", f"optim.lr={args.lr}", "optim.bf16=false",
-            "grpo.zero_variance=keep"]  # TRL trains on every group, zero-advantage ones too
+            "grpo.zero_variance=keep",  # TRL trains on every group, zero-advantage ones too
+            f"online.async_steps={async_steps}", f"loss.max_staleness={async_steps}"]
     trainer = Trainer(load_config(None, sets), console=Console(file=open(os.devnull, "w")))
     try:
         result = trainer.run()
@@ -79,8 +85,11 @@ def run_hubgym(args, model: Path, out: Path) -> list[dict]:
         record = json.loads(line)
         if "time/step_s" not in record:
             continue
-        sampling = record["time/generate_s"] + record["time/sync_s"]
-        steps.append({"step_s": record["time/step_s"], "sampling_s": sampling, "sync_s": record["time/sync_s"],
+        if async_steps:  # sampling and syncs run beside training: only the wait is on the step's path
+            sampling, sync = record["time/wait_s"], 0.0
+        else:
+            sampling, sync = record["time/generate_s"] + record["time/sync_s"], record["time/sync_s"]
+        steps.append({"step_s": record["time/step_s"], "sampling_s": sampling, "sync_s": sync,
                       "tokens": record["train/tokens"]})
     return steps
 
@@ -141,7 +150,8 @@ def run_trl(args, model: Path, out: Path) -> list[dict]:
 def side(args) -> None:
     """One side in this (child) process; its per-step timings go to --json."""
     model, out = Path(args.model_dir), Path(tempfile.mkdtemp(prefix=f"bench-{args.side}-"))
-    steps = (run_hubgym if args.side == "hubgym" else run_trl)(args, model, out)
+    runs = {"hubgym": run_hubgym, "hubgym-async": lambda *a: run_hubgym(*a, async_steps=1), "trl": run_trl}
+    steps = runs[args.side](args, model, out)
     Path(args.json).write_text(json.dumps(steps))
 
 
@@ -171,15 +181,15 @@ def summarize(steps: list[dict], warmup: int) -> dict[str, float]:
 def table(results: dict[str, dict[str, dict[str, float]]]):
     from rich.table import Table
 
-    t = Table("model", "side", "steps", "s / step", "sampling s", "of which weight sync s", "training s",
+    t = Table("model", "side", "steps", "s / step", "sampling s (waited)", "of which weight sync s", "training s",
               "tokens / step",
               "training tokens/s", "step time TRL / hubgym", "training tokens/s hubgym / TRL",
               title="one GRPO step (medians over the measured steps)")
     for model, sides in results.items():
-        h, r = sides["hubgym"], sides["trl"]
+        r = sides["trl"]
         for name, s in sides.items():
-            ratios = ("", "") if name == "trl" else (f"{r['step_s'] / h['step_s']:.2f}x",
-                                                      f"{h['train_tokens_s'] / r['train_tokens_s']:.2f}x")
+            ratios = ("", "") if name == "trl" else (f"{r['step_s'] / s['step_s']:.2f}x",
+                                                      f"{s['train_tokens_s'] / r['train_tokens_s']:.2f}x")
             t.add_row(model, name, str(s["steps"]), f"{s['step_s']:.3f}", f"{s['sampling_s']:.3f}",
                       f"{s['sync_s']:.3f}", f"{s['training_s']:.3f}", f"{s['tokens']:,.0f}", f"{s['train_tokens_s']:,.0f}", *ratios)
     return t
@@ -211,7 +221,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true", help="print the table, leave bench/RESULTS.md alone")
-    parser.add_argument("--side", choices=["hubgym", "trl"], help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -227,13 +237,12 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-trl-"))
     results: dict[str, dict[str, dict[str, float]]] = {}
     sizes: dict[str, int] = {}
-    jobs = [(m, which) for i, m in enumerate(args.models)
-            for which in (("trl", "hubgym") if i % 2 == 0 else ("hubgym", "trl"))]
+    jobs = [(m, SIDES[(i + j) % len(SIDES)]) for i, m in enumerate(args.models) for j in range(len(SIDES))]
     for model_name, which in track(jobs, description="GRPO steps (one child process per side)", console=console):
         model = make_model(model_name, work)
         sizes[model_name] = parameters(model)
         results.setdefault(model_name, {})[which] = summarize(child(args, which, model, work), args.warmup)
-    results = {m: {"hubgym": s["hubgym"], "trl": s["trl"]} for m, s in results.items()}
+    results = {m: {side: s[side] for side in SIDES} for m, s in results.items()}
     report = table(results)
     console.print(report)
     if not args.no_write:
