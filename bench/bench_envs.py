@@ -33,6 +33,7 @@ from hubgym.builders import build_tasks, make_builder, resolve_env
 from hubgym.builders.registry import BUILTIN_ENVS
 from hubgym.schemas import Message, Task, assistant, user
 from hubgym.verifiers.contract import Verifier
+from results import write_section  # bench/ is on sys.path when run as a script
 
 GENERIC_REPLY = "Let me think step by step. My best guess is 42. <answer>42</answer>"
 MOVES = ["<guess>crane</guess>", "<move>b2</move>", "<guess>slate</guess>"]  # a few env actions, mostly invalid
@@ -170,20 +171,6 @@ def overhead_note(results: list[BuildResult]) -> str:
 
 BUILDERS_HEADING = "## Builders: rows per second"
 VERIFIERS_HEADING = "## Verifiers: rollouts scored per second, one core"
-PREAMBLE = "# Benchmarks\n\nNumbers from the scripts under `bench/`; each section says how to reproduce it.\n"
-
-
-def replace_section(text: str, heading: str, body: str) -> str:
-    """Put `heading` + `body` in place of that section (up to the next `## `), or append it: other
-    benchmarks' sections of the same file are left as they are."""
-    section = f"{heading}\n\n{body.strip()}\n"
-    lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.rstrip("\n") == heading]
-    if not starts:
-        return (text.rstrip("\n") if text.strip() else PREAMBLE.rstrip("\n")) + "\n\n" + section
-    end = next((i for i in range(starts[0] + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-    tail = "".join(lines[end:])
-    return "".join(lines[:starts[0]]) + section + ("\n" + tail if tail else "")
 
 
 def write_results(path: Path, builds: Table, scores: Table, skipped: dict[str, str], args: argparse.Namespace,
@@ -218,9 +205,8 @@ scores that came back as errors (none expected). Higher is better.
 {markdown(scores)}
 
 Reproduce: `{command}`"""
-    text = path.read_text() if path.is_file() else ""
-    text = replace_section(replace_section(text, BUILDERS_HEADING, builders), VERIFIERS_HEADING, verifiers)
-    path.write_text(text)
+    write_section(BUILDERS_HEADING, builders, path)
+    write_section(VERIFIERS_HEADING, verifiers, path)
 
 
 def main() -> None:

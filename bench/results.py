@@ -12,11 +12,12 @@ from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
 NOTES = "<!-- notes: kept when the table above is regenerated -->"
+PREAMBLE = "# Benchmarks\n\nNumbers from the scripts under `bench/`; each section says how to reproduce it.\n"
 
 
 def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
     """Replace the section under `heading` with `body` (the text below the heading), or append it."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    text = path.read_text() if path.exists() else PREAMBLE
     lines = text.splitlines(keepends=True)
     start = next((i for i, line in enumerate(lines) if line.rstrip("\n") == heading), None)
     if start is None:
