@@ -1,0 +1,185 @@
+"""Training-step throughput and MFU of hubgym's GRPO step on a GPU, beside a bare DeepSpeed loop.
+
+    python bench/bench_mfu.py                           # on a GPU: a random Qwen2-0.5B-shaped model, 4k tokens
+    python bench/bench_mfu.py --preset tiny --seq-len 256 --sequences 4 --steps 2   # a smoke run (CPU too)
+
+The model is made here, randomly initialized from a Qwen2 config (`--preset qwen2-0.5b`: 24 layers,
+hidden 896, 14 heads / 2 KV heads, vocab 151,936, tied embeddings, about 494M parameters), so nothing
+is downloaded. A step is `--sequences` rollouts of exactly `--seq-len` tokens (prompt + completion,
+random ids), read from an Arrow shard and trained the way the trainer does it: GroupStream (groups,
+advantages) -> pack_step (`--budget` tokens per micro-batch) -> the GRPO loss with its metrics ->
+Policy.train_step (DeepSpeed ZeRO-2, bf16 where supported, torch AdamW). The bare loop trains the same
+packed micro-batches with the same DeepSpeed config and only forward, a masked policy-gradient loss,
+backward and the optimizer step. Steps alternate between the two after a warm-up of each.
+
+MFU counts model FLOPs per trained token as 6 x (parameters in matmuls: all but the input embedding,
+the tied head counted once) + 12 x layers x hidden x sequence length (attention scores and values,
+forward and backward; the PaLM convention, causal masking not discounted), over the GPU's dense bf16
+peak (H100 SXM and H200: 989 TFLOP/s, H100 PCIe: 756; `--peak-tflops` for others). Recomputation under
+`--gradient-checkpointing` is not counted (that would be hardware FLOPs utilization). Results are
+written to bench/RESULTS.md only when a GPU ran them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+
+import torch  # noqa: E402
+
+from bench_train import bare_step, hubgym_step  # noqa: E402  (bench/ is on sys.path when run as a script)
+from results import write_section  # noqa: E402
+
+HEADING = "## Training step on a GPU: tokens/s and MFU"
+PRESETS = {  # Qwen2Config overrides
+    "qwen2-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
+}
+PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "GH200": 989.4, "A100": 312.0}
+
+
+def make_model(preset: str, seq_len: int, folder: Path) -> Path:
+    """A randomly initialized Qwen2-style model saved as a Hugging Face folder (seeded, so runs agree)."""
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(**PRESETS[preset], max_position_embeddings=max(seq_len, 4096), torch_dtype="float32")
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def make_rows(sequences: int, n: int, seq_len: int, vocab: int) -> list[dict]:
+    """`sequences` rollouts of exactly `seq_len` tokens (1/8 prompt), in groups of `n` with 0/1 rewards."""
+    import random
+
+    from test_train_stream import row  # the test suite's complete, schema-valid rollout row
+
+    rng, prompt = random.Random(0), seq_len // 8
+    completion = seq_len - prompt
+    return [row("bench", i // n, i % n, float(i % 2), n_prompt=prompt, n_completion=completion,
+                prompt_ids=[rng.randrange(3, vocab) for _ in range(prompt)],
+                completion_ids=[rng.randrange(3, vocab) for _ in range(completion)],
+                completion_logprobs=[-11.0] * completion) for i in range(sequences)]
+
+
+def flops_per_token(model: torch.nn.Module, seq_len: int) -> float:
+    cfg = model.config
+    embedding = model.get_input_embeddings().weight
+    tied = model.get_output_embeddings().weight is embedding
+    params = sum(p.numel() for p in model.parameters()) - (0 if tied else embedding.numel())
+    return 6 * params + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
+
+
+def peak_flops(override: float | None) -> float | None:
+    if override:
+        return override * 1e12
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="qwen2-0.5b", choices=list(PRESETS))
+    parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (prompt + completion)")
+    parser.add_argument("--sequences", type=int, default=16, help="sequences per optimizer step")
+    parser.add_argument("--n", type=int, default=8, help="group size")
+    parser.add_argument("--budget", type=int, default=None, help="tokens per micro-batch (default: one sequence)")
+    parser.add_argument("--steps", type=int, default=6, help="measured steps per side")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this accelerator")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    budget = args.budget or args.seq_len
+
+    import deepspeed
+    from rich.console import Console
+    from rich.table import Table
+    from transformers import AutoModelForCausalLM
+
+    from hubgym.rollout.writer import ShardWriter
+    from hubgym.train.engine import DeepSpeedSettings, Policy, deepspeed_config
+    from hubgym.train.groups import GroupSettings
+    from hubgym.train.loss import LossSettings, make_loss_fn
+    from hubgym.train.packing import pack_step
+    from hubgym.train.stream import GroupStream
+
+    console = Console(width=140)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = make_model(args.preset, args.seq_len, Path(tmp) / "model")
+        rows = make_rows(args.sequences, args.n, args.seq_len, PRESETS[args.preset]["vocab_size"])
+        writer = ShardWriter(Path(tmp) / "run", "w000of001", max_rows=len(rows))
+        writer.add_group(rows)
+        writer.flush()
+        settings = DeepSpeedSettings(lr=1e-5, gradient_checkpointing=args.gradient_checkpointing)
+        policy = Policy(model_dir, settings)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        if args.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        bare, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
+                                        config=deepspeed_config(settings))
+        groups = GroupSettings(n=args.n, zero_variance="keep")
+        [batches] = pack_step(list(GroupStream([rows], groups)), budget)
+        batches = [b.to(bare.device) for b in batches]
+        loss_fn = make_loss_fn(LossSettings(variant="grpo"))
+        sides = {"bare": lambda: bare_step(bare, batches),
+                 "hubgym": lambda: hubgym_step(policy, Path(tmp) / "run", groups, loss_fn, budget)}
+        for run in sides.values():
+            run()  # warm-up
+        times: dict[str, list[tuple[int, float]]] = {"bare": [], "hubgym": []}
+        for i in range(2 * args.steps):
+            side = ["bare", "hubgym", "hubgym", "bare"][i % 4]
+            _synchronize()
+            times[side].append(sides[side]())
+            _synchronize()
+        per_token, peak = flops_per_token(policy.module, args.seq_len), peak_flops(args.peak_tflops)
+        params = sum(p.numel() for p in model.parameters())
+    table = Table("side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU", "vs bare",
+                  title=f"GRPO training step, {args.preset} ({params / 1e6:.1f}M parameters), {args.seq_len} tokens")
+    rate = {side: statistics.median(t / s for t, s in runs) for side, runs in times.items()}
+    for side, runs in times.items():
+        achieved = rate[side] * per_token
+        table.add_row(side, f"{runs[0][0]:,}", f"{statistics.median(s for _, s in runs):.3f}", f"{rate[side]:,.0f}",
+                      f"{achieved / 1e12:.1f}", f"{achieved / peak:.1%}" if peak else "n/a",
+                      f"{rate[side] / rate['bare']:.3f}")
+    console.print(table)
+    if args.no_write or not torch.cuda.is_available():
+        console.print("not written to bench/RESULTS.md" + ("" if torch.cuda.is_available() else " (no GPU)"))
+        return
+    write_results(args, table, len(batches), budget)
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def write_results(args, table, micro_batches: int, budget: int) -> None:
+    import deepspeed
+    from rich.console import Console
+
+    capture = Console(width=140, record=True, file=open(os.devnull, "w"))
+    capture.print(table)
+    body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py` on {torch.cuda.get_device_name()} "
+            f"({platform.machine()}), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}. One step = "
+            f"{args.sequences} sequences of {args.seq_len} tokens in {micro_batches} micro-batches of at most "
+            f"{budget} tokens, ZeRO-2, bf16, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
+            f"{args.steps} measured steps per side, alternating.\n\n```\n{capture.export_text()}```\n")
+    write_section(HEADING, body)
+
+
+if __name__ == "__main__":
+    main()
