@@ -1,10 +1,11 @@
-"""Rollouts sampled one step ahead of training (`online.async_steps=1`).
+"""Rollouts sampled one step ahead of training (`online.async_steps=1`), weights synced every 3 steps.
 
-The rollouts of step t are sampled while step t-1 trains, so they come from the weights of step t-1:
-`policy_version` lags by exactly one (and the loss sees staleness 1). A run interrupted right after a
-checkpoint and started again trains on the very same rollouts and ends with the same weights, because
-the checkpoint waits for the rollouts already planned and the order of engine jobs fixes which weights
-sample which step. One vLLM engine serves all three runs.
+The rollouts of step t are planned while step t-1 trains, so they are sampled by the weights synced
+last before that: steps 0-2 by version 0 (syncs at steps 0 and 3), step 3 by version 2, synced at the
+checkpoint after step 1 (a resumed run could only serve those weights, so the straight run does too).
+A run interrupted right after that checkpoint and started again trains on the very same rollouts and
+ends with the same weights: the checkpoint waits for the rollouts already planned, and the order of
+engine jobs fixes which weights sample which step. One vLLM engine serves all three runs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def engine(tiny_model):
 
 def config(model, out):
     return load_config(None, [f"model={model}", f"output_dir={out}", f"online.steps={STEPS}", "online.async_steps=1",
+                              "online.sync_every=3",
                               "checkpoint_every=2", "eval.limit=0", "log.every=1000", "batch.groups_per_step=2",
                               "grpo.n=4", "grpo.zero_variance=keep"])
 
@@ -62,11 +64,11 @@ def test_rollouts_one_step_ahead_lag_one_version_and_resume_exactly(tiny_model, 
     lines = [json.loads(line) for line in straight.metrics_file.read_text().splitlines()]
     steps = [line for line in lines if "policy/loss" in line]
     assert [line["step"] for line in steps] == list(range(STEPS))
-    assert [line["policy/staleness_max"] for line in steps] == [0, 1, 1, 1]  # step 0 and 1 both sampled by v0
+    assert [line["policy/staleness_max"] for line in steps] == [0, 1, 2, 1]
     assert all(line["time/wait_s"] >= 0 and line["time/generate_s"] > 0 for line in steps)
     manifests = sorted((tmp_path / "straight" / "online").glob("manifest-step*.json"))
     versions = [json.loads(m.read_text())["policy_version"] for m in manifests]
-    assert versions == [0, 0, 1, 2]  # one version behind the step that trains on them
+    assert versions == [0, 0, 0, 2]
 
     checkpoint = Trainer._checkpoint
 

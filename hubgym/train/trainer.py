@@ -321,6 +321,10 @@ class Trainer:
             from hubgym.hub.rollouts import push_rollouts
 
             push_rollouts(self.out / "online", self.cfg.online.push, hub=self.hub, name="online")
+        if self.cfg.offline.steps <= step + 1 < self.cfg.total_steps:
+            # A run resumed from here can only put these weights into its engine, so the run that goes on
+            # samples with them too, whatever `sync_every` says: both then sample the same rollouts.
+            self._sync(step + 1)
 
     def _count(self, counts: dict[str, int]) -> None:
         for key, value in counts.items():
