@@ -88,6 +88,18 @@ def test_rows_taken_for_a_shard_are_exactly_its_rows(tmp_path):
     assert writer.rows_written == 4 and writer.shard_files()[first.name]["rows"] == 2
 
 
+def test_a_shard_stores_its_groups_sorted_whatever_order_they_finished_in(tmp_path):
+    """Groups finish in an order that depends on timing; a trainer streams them in stored order."""
+    shards = []
+    for order in ([2, 0, 1], [1, 2, 0]):
+        writer = ShardWriter(tmp_path / "-".join(map(str, order)), WORKER, max_rows=100)
+        for task in order:
+            writer.add_group(list(reversed(group(task))))
+        shards.append(read_ids(writer.flush()))
+
+    assert shards[0] == shards[1] == [f"run-t{t}-{s}" for t in range(3) for s in range(2)]
+
+
 def test_rotation_by_bytes(tmp_path):
     writer = ShardWriter(tmp_path, WORKER, max_rows=1000, max_bytes=2000)  # a 2-row group estimates ~1.1 kB
 

@@ -82,9 +82,12 @@ class ShardWriter:
         return len(self._buffer) >= self.max_rows or self._buffer_bytes >= self.max_bytes
 
     def take(self) -> list[Rollout]:
-        """The buffered rows, for `write_shard`; the buffer starts over empty."""
+        """The buffered rows, for `write_shard`, sorted by group and sample; the buffer starts over empty.
+
+        Groups reach the buffer in the order they finish, which depends on timing; a trainer streams
+        them in stored order, so a shard stores them sorted and the same rows make the same shard."""
         rows, self._buffer, self._buffer_bytes = self._buffer, [], 0
-        return rows
+        return sorted(rows, key=lambda row: (row["group"], row["sample"]))
 
     def flush(self) -> Path | None:
         return self.write_shard(self.take())
