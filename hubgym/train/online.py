@@ -81,8 +81,9 @@ class OnlineProducer:
         run_id = config.run_id()
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
         writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1))
-        writer.add_group(rows)
-        writer.flush()
+        writer.add_group(rows, flush=False)
+        rows = writer.take()  # in stored order, so a resumed run that reads them back streams the same order
+        writer.write_shard(rows)
         envs = {e.tasks.env: {"config": e.tasks.config, "tasks": len(e.tasks.tasks),
                               "verifier_module": e.tasks.verifier.name, "verifier_sha256": e.tasks.verifier.sha256,
                               "env_repo": e.tasks.repo, "env_revision": e.tasks.revision} for e in self.envs}
