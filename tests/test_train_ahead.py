@@ -1,0 +1,66 @@
+"""EngineWorker: engine jobs run one at a time in the order submitted, and no failure is lost."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from hubgym.errors import WeightSyncError
+from hubgym.train.ahead import EngineWorker
+
+
+@pytest.fixture
+def worker():
+    worker = EngineWorker()
+    yield worker
+    worker.close()
+
+
+def test_rollouts_are_sampled_with_the_weights_synced_last_before_them(worker):
+    served, log = {"version": 0}, []
+    gate = threading.Event()
+
+    def sync(version: int) -> float:
+        gate.wait(5)  # held until both rollouts below are queued: order, not timing, decides
+        served["version"] = version
+        log.append(f"sync{version}")
+        return 0.25
+
+    def produce(step: int) -> list[dict]:
+        log.append(f"rollout{step}")
+        return [{"step": step, "version": served["version"]}]
+
+    worker.plan(0, produce)
+    worker.sync(sync, 1)
+    worker.plan(1, produce)
+    gate.set()
+
+    rows0, timings0 = worker.rows(0)
+    rows1, timings1 = worker.rows(1)
+    assert (rows0, rows1) == ([{"step": 0, "version": 0}], [{"step": 1, "version": 1}])
+    assert log == ["rollout0", "sync1", "rollout1"]
+    assert worker.planned_until == 1
+    assert timings1["time/sync_s"] == 0.25 and timings0["time/generate_s"] >= 0 and timings1["time/wait_s"] >= 0
+
+
+def test_a_failed_sync_is_raised_with_the_next_rows(worker):
+    def failing_sync() -> float:
+        raise WeightSyncError("weights do not fit the model")
+
+    worker.sync(failing_sync)
+    worker.plan(0, lambda step: [{"step": step}])
+    with pytest.raises(WeightSyncError, match="do not fit"):
+        worker.rows(0)
+
+
+def test_drain_waits_for_every_job_and_raises_a_failure(worker):
+    done = []
+    worker.submit(lambda: done.append("a"))
+    worker.submit(lambda: done.append("b"))
+    worker.drain()
+    assert done == ["a", "b"]
+
+    worker.plan(3, lambda step: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        worker.drain()
