@@ -131,6 +131,11 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     trainer = Trainer(cfg, console=_console(), hub=hub, trust=trust)
     try:
         result = trainer.run()
+    except KeyboardInterrupt:  # the step being sampled is dropped; the resumed run samples it again
+        trainer.close()  # first, so the message comes after vLLM's shutdown logs
+        _console(stderr=True).print(f"[yellow]interrupted: the same command resumes from the last checkpoint in "
+                                    f"{cfg.output_dir}/checkpoints")
+        raise typer.Exit(130)
     finally:
         trainer.close()
     _console().print(before_after_table(result.before, result.after))

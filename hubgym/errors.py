@@ -108,6 +108,10 @@ class EngineError(HubgymError, RuntimeError):
     """The engine failed for every request (unreachable server, dead engine): the run stops, resumable."""
 
 
+class RolloutsStopped(HubgymError, RuntimeError):
+    """Rollouts in flight were cancelled because the run is stopping (Ctrl-C, close); nothing of them is stored."""
+
+
 class RequestError(HubgymError, RuntimeError):
     """One generation request failed (e.g. the prompt is too long); recorded on its rows, the run goes on."""
 

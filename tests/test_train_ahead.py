@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 
 import pytest
@@ -64,3 +65,43 @@ def test_drain_waits_for_every_job_and_raises_a_failure(worker):
     worker.plan(3, lambda step: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         worker.drain()
+
+
+def test_a_signal_landing_on_another_thread_still_interrupts_the_wait_for_rows(worker):
+    """Ctrl-C may be delivered to any thread (vLLM's, torch's, the engine thread); Python runs its handler in the
+    main thread only when that thread runs, so a main thread blocked until a long rollout ends would not see it."""
+    started, release, finished, engine_thread = threading.Event(), threading.Event(), threading.Event(), {}
+
+    def produce(step: int) -> list[dict]:
+        engine_thread["id"] = threading.get_ident()
+        started.set()
+        release.wait(30)
+        finished.set()
+        return []
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)  # SIGUSR1 stands in for SIGINT (test runners own that one)
+    try:
+        worker.plan(0, produce)
+        assert started.wait(10)
+        signal.pthread_kill(engine_thread["id"], signal.SIGUSR1)
+        with pytest.raises(KeyboardInterrupt):
+            worker.rows(0)
+        assert not finished.is_set()  # raised while the rollout was still running
+    finally:
+        release.set()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_close_tells_a_running_job_to_stop(worker):
+    seen = []
+
+    def produce(step: int) -> list[dict]:
+        seen.append(worker.stopping.wait(30))
+        return []
+
+    worker.plan(0, produce)
+    worker.close()
+    assert seen == [True]

@@ -20,8 +20,9 @@ both: a rollout runs with the weights of the last sync submitted before it.
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 
@@ -32,6 +33,7 @@ class EngineWorker:
         self._rows: dict[int, Future] = {}
         self.planned_until = -1  # the last step whose rollouts were planned
         self.sync_seconds = 0.0  # spent in weight syncs since the last `rows`
+        self.stopping = threading.Event()  # set by `close`: a running job that watches it ends early
 
     def submit(self, job: Callable[..., Any], *args: Any) -> Future:
         """Run `job(*args)` on the engine thread after everything submitted before it."""
@@ -58,7 +60,7 @@ class EngineWorker:
     def rows(self, step: int) -> tuple[list[dict], dict[str, float]]:
         """`step`'s rollouts (waiting for them) and the timings: generation, the wait, and syncs since last time."""
         started = time.perf_counter()
-        rows, generate_s = self._rows.pop(step).result()  # a failure in the thread is raised here
+        rows, generate_s = result(self._rows.pop(step))  # a failure in the thread is raised here
         self._raise_failures()  # e.g. a weight sync that failed before these rows were sampled
         timings = {"time/generate_s": generate_s, "time/wait_s": time.perf_counter() - started,
                    "time/sync_s": self.sync_seconds}
@@ -69,7 +71,7 @@ class EngineWorker:
         """Wait for every job submitted so far (raising the first failure)."""
         jobs, self._jobs = self._jobs, []
         for job in jobs:
-            job.result()
+            result(job)
 
     def _raise_failures(self) -> None:
         finished = [job for job in self._jobs if job.done()]
@@ -78,5 +80,14 @@ class EngineWorker:
             job.result()
 
     def close(self) -> None:
-        """Stop: queued jobs are dropped, a running one is waited for."""
+        """Stop: queued jobs are dropped; a running one is told to stop (`stopping`) and waited for."""
+        self.stopping.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def result(future: Future, poll_s: float = 0.2) -> Any:
+    """`future.result()`, waking every `poll_s`: Python runs a Ctrl-C's handler only when the main thread runs,
+    and a signal that lands on one of vLLM's or torch's threads does not wake a main thread blocked on a lock."""
+    while not wait([future], timeout=poll_s).done:
+        pass
+    return future.result()

@@ -8,19 +8,24 @@ any other rollout run, with `policy_version` in every row.
 
 Resume: if OUT already holds a complete step (its manifest says so), the
 stored rows are returned instead of sampling again, so a resumed run trains on the very same
-batches as the run that was killed.
+batches as the run that was killed. Stopping: once the `stop` event is set (the trainer is closing, e.g. after
+Ctrl-C), a step being sampled is cancelled at once, its vLLM requests aborted and nothing of it written; a
+resumed run samples that step again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 
+from hubgym.errors import RolloutsStopped
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
@@ -37,11 +42,15 @@ class MixEnv:
 
 
 class OnlineProducer:
+    STOP_POLL_S = 0.05  # how often a step being sampled looks at the stop event
+
     def __init__(self, envs: list[tuple[str, float]], *, split: str, model: str, out_dir: str | Path, n: int,
-                 sampling: SamplingArgs, max_model_len: int, seed: int = 0, hub: str | None = None, trust: bool = False):
+                 sampling: SamplingArgs, max_model_len: int, seed: int = 0, hub: str | None = None, trust: bool = False,
+                 stop: threading.Event | None = None):
         self.envs = [MixEnv(load_env_tasks(spec, split, None, hub=hub, trust=trust), weight, spec) for spec, weight in envs]
         self.split, self.model, self.out_dir, self.n = split, model, Path(out_dir), n
         self.sampling, self.max_model_len, self.seed = sampling, max_model_len, seed
+        self.stop = stop if stop is not None else threading.Event()
 
     def pick(self, step: int, groups: int) -> list[tuple[MixEnv, dict]]:
         """Tasks for one step: groups split across envs by weight, no task twice in a step.
@@ -80,6 +89,8 @@ class OnlineProducer:
         config, picks = self.rollout_config(step, version), self.pick(step, groups)
         run_id = config.run_id()
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
+        if rows is None:
+            raise RolloutsStopped(f"online step {step}: rollouts cancelled, the run is stopping; nothing was stored")
         writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1))
         writer.add_group(rows, flush=False)
         rows = writer.take()  # in stored order, so a resumed run that reads them back streams the same order
@@ -92,15 +103,24 @@ class OnlineProducer:
                                "envs": envs, "shards": [p.name for p in writer.shards()]})
         return rows
 
-    async def _sample(self, engine, renderer, config: RolloutConfig, run_id: str, picks) -> list[dict[str, Any]]:
+    async def _sample(self, engine, renderer, config: RolloutConfig, run_id: str,
+                      picks) -> list[dict[str, Any]] | None:
+        """The picks' groups as rows, in pick order; None if `stop` was set before they were done."""
         async def one(env: MixEnv, task: dict) -> list[dict[str, Any]]:
             ctx = LoopContext(engine, renderer, config.sampling, env.tasks.verifier, config.max_model_len)
             trajs = await run_group(task, config.n, ctx)
             return [to_row(t, env.tasks.verifier, run_id, config, engine, renderer, env.tasks.repo, env.tasks.revision)
                     for t in trajs]
 
-        groups = await asyncio.gather(*(one(env, task) for env, task in picks))
-        return [row for group in groups for row in group]
+        sampling = asyncio.gather(*(one(env, task) for env, task in picks))
+        while not self.stop.is_set():
+            done, _ = await asyncio.wait({sampling}, timeout=self.STOP_POLL_S)
+            if done:
+                return [row for group in sampling.result() for row in group]
+        sampling.cancel()  # each waiting engine request is aborted
+        with contextlib.suppress(asyncio.CancelledError):
+            await sampling
+        return None
 
     def _stored(self, step: int) -> list[dict[str, Any]] | None:
         manifest = self.out_dir / f"manifest-{self.worker(step)}.json"

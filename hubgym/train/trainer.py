@@ -48,6 +48,8 @@ class TrainResult:
 
 
 class Trainer:
+    STOPPING_GRACE_S = 1.0  # after an engine failure, how long to wait for a Ctrl-C to show before restarting it
+
     def __init__(self, cfg: TrainConfig, *, console: Console | None = None, engine=None, hub: str | None = None,
                  trust: bool = False):
         self.cfg, self.console, self.hub, self.trust = cfg, console or Console(), hub, trust
@@ -172,13 +174,16 @@ class Trainer:
 
     def _produce(self, producer, step: int, groups: int) -> list[dict]:
         """Fresh rows from the engine; a dead engine is restarted once with the current weights."""
-        from hubgym.errors import EngineError
+        from hubgym.errors import EngineError, RolloutsStopped
         from hubgym.rollout.tokens import ChatRenderer
 
         engine = self.engine()
         try:
             return producer.produce(engine, ChatRenderer(engine.tokenizer), step, engine.policy_version, groups)
         except EngineError as exc:
+            # A Ctrl-C also reaches vLLM's processes (one process group): the engine dies as the run stops.
+            if self.worker.stopping.wait(timeout=self.STOPPING_GRACE_S):
+                raise RolloutsStopped(f"online step {step}: the run is stopping; the engine was not restarted") from exc
             self.console.print(f"[yellow]vLLM engine failed ({exc}); restarting it with the current weights")
             if not self._revive():  # alive but failing: start a fresh one all the same
                 engine.restart()
@@ -270,7 +275,7 @@ class Trainer:
                               sampling=SamplingArgs(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                                                     seed=self.cfg.seed),
                               max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed, hub=self.hub,
-                              trust=self.trust)
+                              trust=self.trust, stop=self.worker.stopping)
 
     def _sync(self, version: int) -> None:
         """Queue loading the current weights into vLLM as `version` (only when something samples: online steps
