@@ -197,7 +197,12 @@ def rollout(
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards, hub=hub,
                            trust=trust, pins=_pins(pin or []))
-    summary = run_rollouts(config)
+    try:
+        summary = run_rollouts(config)
+    except KeyboardInterrupt:
+        _console(stderr=True).print(f"[yellow]interrupted: the rollouts stored in {out} stay; the same command resumes "
+                                    f"(no rollout sampled twice or left out)")
+        raise typer.Exit(130)
     _console().print(views.frame_table(summarize(scan_rollouts([out])), title=f"run {summary.run_id}: {out}"))
     _console().print(Text(f"{summary.written} rollouts written ({summary.skipped} already stored) in "
                           f"{summary.seconds:.1f}s, {summary.generated_tokens / max(summary.seconds, 1e-9):,.0f} "
