@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
+import time
 
 import pytest
 
@@ -70,11 +72,13 @@ def test_drain_waits_for_every_job_and_raises_a_failure(worker):
 def test_a_signal_landing_on_another_thread_still_interrupts_the_wait_for_rows(worker):
     """Ctrl-C may be delivered to any thread (vLLM's, torch's, the engine thread); Python runs its handler in the
     main thread only when that thread runs, so a main thread blocked until a long rollout ends would not see it."""
-    started, release, finished, engine_thread = threading.Event(), threading.Event(), threading.Event(), {}
+    release, finished = threading.Event(), threading.Event()
 
     def produce(step: int) -> list[dict]:
-        engine_thread["id"] = threading.get_ident()
-        started.set()
+        deadline = time.monotonic() + 30
+        while not main_thread_waits_for_rows() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)  # lands on this (the engine) thread
         release.wait(30)
         finished.set()
         return []
@@ -85,14 +89,21 @@ def test_a_signal_landing_on_another_thread_still_interrupts_the_wait_for_rows(w
     previous = signal.signal(signal.SIGUSR1, interrupt)  # SIGUSR1 stands in for SIGINT (test runners own that one)
     try:
         worker.plan(0, produce)
-        assert started.wait(10)
-        signal.pthread_kill(engine_thread["id"], signal.SIGUSR1)
         with pytest.raises(KeyboardInterrupt):
             worker.rows(0)
         assert not finished.is_set()  # raised while the rollout was still running
     finally:
         release.set()
         signal.signal(signal.SIGUSR1, previous)
+
+
+def main_thread_waits_for_rows() -> bool:
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        if frame.f_code.co_name == "rows" and frame.f_code.co_filename.endswith("ahead.py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def test_close_tells_a_running_job_to_stop(worker):
