@@ -23,6 +23,7 @@ from hubgym.builders.build import build_tasks
 from hubgym.builders.registry import resolve_env
 from hubgym.errors import ToolNotFoundError, Where
 from hubgym.rollout.engines import Engine, SamplingArgs
+from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
 from hubgym.rollout.tokens import ChatRenderer
 from hubgym.rollout.writer import ShardWriter, worker_name
@@ -190,7 +191,8 @@ class RunSummary:
 
 
 def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True) -> RunSummary:
-    """Generate, score and store rollouts for every task of this worker; resumes a previous run."""
+    """Generate, score and store rollouts for every task of this worker; resumes a previous run. Ctrl-C stores
+    the groups already finished and raises KeyboardInterrupt."""
     run_id = config.run_id()
     envs = [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
             for spec in config.envs]
@@ -206,10 +208,13 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
     started = time.perf_counter()
     stats = {"written": 0, "tokens": 0}
     try:
-        asyncio.run(_generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs))
+        interrupted = asyncio.run(until_done_or_ctrl_c(
+            _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs)))
     finally:
         writer.flush()
         writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
+    if interrupted:  # after the flush: every finished group is stored, and the same config resumes the run
+        raise KeyboardInterrupt
     return RunSummary(Path(config.out), run_id, stats["written"], skipped, writer.shards(),
                       time.perf_counter() - started, stats["tokens"])
 

@@ -1,0 +1,59 @@
+"""Ctrl-C during a rollout run: stop at the next await, and tell an interrupt from an engine failure.
+
+    interrupted = asyncio.run(until_done_or_ctrl_c(generate_everything()))
+
+A terminal's Ctrl-C sends SIGINT to the whole process group, so vLLM's engine-core and worker processes
+get it too and die. Requests still in flight then fail with `EngineError`, sometimes before the
+cancellation that the signal started has reached every coroutine, and asyncio would report the run as an
+engine failure. Here the signal is noted when it arrives, so a run whose engine fails after it reads as
+the interrupt it is. Like `asyncio.run`'s own handler, the signal cancels the work at its next `await`
+(a group is stored whole or not at all), and a second Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+from collections.abc import Coroutine
+from typing import Any
+
+from hubgym.errors import EngineError
+
+GRACE_S = 1.0  # an engine error with no Ctrl-C seen yet waits this long for one (the signal may still be on its way)
+
+
+async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
+    """Run `work`; True if Ctrl-C stopped it, False if it finished. Outside the main thread (no signal
+    handlers there) it just runs `work`."""
+    task = asyncio.ensure_future(work)
+    loop = asyncio.get_running_loop()
+    ctrl_c = asyncio.Event()
+
+    def on_ctrl_c() -> None:
+        if ctrl_c.is_set():
+            raise KeyboardInterrupt  # the second one: leave now
+        ctrl_c.set()
+        task.cancel()
+
+    watching = threading.current_thread() is threading.main_thread()
+    if watching:
+        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    try:
+        await task
+        return False
+    except asyncio.CancelledError:
+        if ctrl_c.is_set():
+            return True
+        raise
+    except EngineError:
+        if watching:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctrl_c.wait(), GRACE_S)
+        if ctrl_c.is_set():
+            return True
+        raise
+    finally:
+        if watching:
+            loop.remove_signal_handler(signal.SIGINT)
