@@ -3,7 +3,11 @@
 A worker gets only the columns scoring reads (`slim`: no token ids, `info` as JSON text, so
 nothing needs the `datasets` extension types), sent as Arrow IPC bytes, and returns only the new
 columns as a record batch. Columns are decoded whole (`Array.to_pylist`), ~10x faster than
-decoding a batch row by row.
+decoding a batch row by row, and `info` is parsed with msgspec (~7x faster than `json.loads`). The
+cyclic garbage collector is paused while a batch is scored: a batch allocates some tens of thousands
+of short-lived dicts and lists, freed by reference counting, and with the collector running each
+of its full passes walks every object of the process (measured: 66k instead of 111k rows/s over
+40k rows of a cheap env). Anything cyclic a verifier leaves is collected once the batch is done.
 
 A row whose rollout failed (engine, tool, env: no complete trajectory) is carried unscored: its
 `rescore_error` repeats the stored error. A row whose verifier failed is scored again: a fixed
@@ -12,9 +16,13 @@ verifier may score it now. A verifier that raises gives `rescore_error`, never a
 
 from __future__ import annotations
 
+import gc
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 
 from hubgym.score.choice import VerifierSpec, load_spec
@@ -57,15 +65,16 @@ def score_ipc(specs: dict[str, VerifierSpec], data: bytes) -> pa.RecordBatch:
 def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.RecordBatch:
     """The RESCORE_SCHEMA columns of a `slim` batch; `specs` maps each env in it to its verifier."""
     verifiers = {env: (load_spec(spec), spec) for env, spec in specs.items()}
-    cols = [batch.column(name).to_pylist() for name in SCORED_COLUMNS]
-    values = []
-    for task_id, env, prompt, completion, info, interaction, stored_error in zip(*cols):
-        if stored_error is not None and stored_error["boundary"] != RESCORED_BOUNDARY:
-            values.append((None, [], stored_error, None, None))
-            continue
-        task = {"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
-                "info": json.loads(info) if isinstance(info, str) else info}
-        values.append(score_one(*verifiers[env], task, completion))
+    with collector_paused():
+        cols = [batch.column(name).to_pylist() for name in SCORED_COLUMNS]
+        values = []
+        for task_id, env, prompt, completion, info, interaction, stored_error in zip(*cols):
+            if stored_error is not None and stored_error["boundary"] != RESCORED_BOUNDARY:
+                values.append((None, [], stored_error, None, None))
+                continue
+            task = {"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
+                    "info": parse_json(info) if isinstance(info, str) else info}
+            values.append(score_one(*verifiers[env], task, completion))
     columns = zip(*values) if values else [[] for _ in RESCORE_SCHEMA]
     return pa.RecordBatch.from_arrays([pa.array(list(c), f.type) for c, f in zip(columns, RESCORE_SCHEMA)],
                                       schema=RESCORE_SCHEMA)
@@ -77,3 +86,27 @@ def score_one(verifier: Verifier, spec: VerifierSpec, task: dict[str, Any], comp
     metrics = [{"name": f"reward/{k}", "value": float(v)} for k, v in score.components.items()]
     metrics.append({"name": "success", "value": float(score.error is None and verifier.succeeded(score))})
     return score.reward, metrics, score.error, spec.module, spec.sha256
+
+
+_DECODE_JSON = msgspec.json.Decoder().decode
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads`, faster; falls back to it for what msgspec refuses (NaN and Infinity, which Python writes)."""
+    try:
+        return _DECODE_JSON(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector (if it runs) for the block; reference counting still frees memory."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

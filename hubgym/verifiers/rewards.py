@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections import Counter
+from functools import lru_cache
 
 from hubgym.schemas.messages import TOOL_ERROR_PREFIX, Message
 from hubgym.schemas.tasks import Task
@@ -22,8 +22,13 @@ def final_text(completion: list[Message]) -> str:
 
 def extract_tag(text: str, tag: str) -> str | None:
     """Inner text of the last `<tag>...</tag>` block, stripped; None when absent."""
-    found = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.S)
+    found = _tag_pattern(tag).findall(text)
     return found[-1].strip() if found else None
+
+
+@lru_cache(maxsize=64)
+def _tag_pattern(tag: str) -> re.Pattern:
+    return re.compile(rf"<{tag}>(.*?)</{tag}>", re.S)
 
 
 def extract_boxed(text: str) -> str | None:
@@ -66,6 +71,8 @@ def tool_call_reward(task: Task, completion: list[Message]) -> float:
     A call is successful when its tool message does not start with TOOL_ERROR_PREFIX; the count
     comes from the stored tool messages, so re-scoring never re-runs a tool.
     """
-    ok = Counter(m["name"] for m in completion
-                 if m["role"] == "tool" and not (m["content"] or "").startswith(TOOL_ERROR_PREFIX))
-    return sum(r["reward"] * min(ok[r["tool"]], r["max_calls"]) for r in task["interaction"]["tool_rewards"])
+    ok: dict[str, int] = {}  # successful calls per tool (a plain dict: Counter costs more than the scoring)
+    for m in completion:
+        if m["role"] == "tool" and not (m["content"] or "").startswith(TOOL_ERROR_PREFIX):
+            ok[m["name"]] = ok.get(m["name"], 0) + 1
+    return sum(r["reward"] * min(ok.get(r["tool"], 0), r["max_calls"]) for r in task["interaction"]["tool_rewards"])
