@@ -99,3 +99,45 @@ def test_ctrl_c_that_kills_vllm_before_hubgym_sees_it_still_reads_as_an_interrup
     assert f"done {240 - stored} {stored}" in resumed.stdout
     ids = [row["rollout_id"] for row in iter_rollouts([out])]
     assert len(ids) == 240 and len(set(ids)) == 240
+
+
+UNTIL_CTRL_C = r'''
+import asyncio, os, signal
+from hubgym.errors import EngineError
+from hubgym.rollout.interrupt import until_done_or_ctrl_c
+
+def own_handler(*_):
+    pass
+
+signal.signal(signal.SIGINT, own_handler)
+
+async def finishes():
+    await asyncio.sleep(0.01)
+
+async def ctrl_c_then_waits():
+    os.kill(os.getpid(), signal.SIGINT)
+    await asyncio.sleep(30)
+
+async def ctrl_c_then_engine_dies():
+    os.kill(os.getpid(), signal.SIGINT)
+    raise EngineError("vLLM generate failed: EngineDeadError")
+
+async def engine_dies():
+    raise EngineError("vLLM generate failed: EngineDeadError")
+
+print("finished", asyncio.run(until_done_or_ctrl_c(finishes())))
+print("ctrl-c", asyncio.run(until_done_or_ctrl_c(ctrl_c_then_waits())))
+print("ctrl-c, engine error", asyncio.run(until_done_or_ctrl_c(ctrl_c_then_engine_dies())))
+try:
+    asyncio.run(until_done_or_ctrl_c(engine_dies()))
+except EngineError:
+    print("engine error raised")
+print("own handler back", signal.getsignal(signal.SIGINT) is own_handler)
+'''
+
+
+def test_until_done_or_ctrl_c_tells_an_interrupt_from_an_engine_failure_and_restores_the_handler():
+    done = subprocess.run([sys.executable, "-c", UNTIL_CTRL_C], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == ["finished False", "ctrl-c True", "ctrl-c, engine error True",
+                                        "engine error raised", "own handler back True"]

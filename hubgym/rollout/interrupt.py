@@ -38,6 +38,7 @@ async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
         task.cancel()
 
     watching = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGINT)  # put back afterwards (asyncio would put Python's default)
     if watching:
         loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
     try:
@@ -57,3 +58,5 @@ async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
     finally:
         if watching:
             loop.remove_signal_handler(signal.SIGINT)
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
