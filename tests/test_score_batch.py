@@ -9,8 +9,9 @@ import pyarrow as pa
 import pytest
 
 from hubgym.builders.registry import resolve_env
+from hubgym.schemas.tasks import parse_json
 from hubgym.score.choice import VerifierChoice
-from hubgym.score.scoring import collector_paused, parse_json, score_batch
+from hubgym.score.scoring import collector_paused, score_batch
 
 INTERACTION = {"kind": "single_turn", "max_turns": 1, "max_tokens": 64, "tools": [], "tool_rewards": []}
 

@@ -30,6 +30,7 @@ from hubgym.errors import EnvNotFoundError, NoShardsError, ShardError, SkippedSh
 from hubgym.hub.base import HubBackend, get_hub, parse_ref
 from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES
+from hubgym.schemas.tasks import parse_json
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 HubSpec = HubBackend | str | os.PathLike | None
@@ -142,7 +143,7 @@ def iter_rollouts(source: Source, *, hub: HubSpec = None, verify: bool = True, s
 
 def decode_row(row: dict[str, Any]) -> dict[str, Any]:
     if isinstance(row.get("info"), str):
-        row["info"] = json.loads(row["info"])
+        row["info"] = parse_json(row["info"])
     return row
 
 

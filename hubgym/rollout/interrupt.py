@@ -27,6 +27,9 @@ GRACE_S = 1.0  # an engine error with no Ctrl-C seen yet waits this long for one
 async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
     """Run `work`; True if Ctrl-C stopped it, False if it finished. Outside the main thread (no signal
     handlers there) it just runs `work`."""
+    if threading.current_thread() is not threading.main_thread():
+        await work
+        return False
     task = asyncio.ensure_future(work)
     loop = asyncio.get_running_loop()
     ctrl_c = asyncio.Event()
@@ -37,10 +40,8 @@ async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
         ctrl_c.set()
         task.cancel()
 
-    watching = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGINT)  # put back afterwards (asyncio would put Python's default)
-    if watching:
-        loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
+    loop.add_signal_handler(signal.SIGINT, on_ctrl_c)
     try:
         await task
         return False
@@ -49,14 +50,12 @@ async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
             return True
         raise
     except EngineError:
-        if watching:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ctrl_c.wait(), GRACE_S)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ctrl_c.wait(), GRACE_S)
         if ctrl_c.is_set():
             return True
         raise
     finally:
-        if watching:
-            loop.remove_signal_handler(signal.SIGINT)
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+        loop.remove_signal_handler(signal.SIGINT)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)

@@ -11,6 +11,7 @@ import json
 from typing import Any, Literal, TypedDict
 
 import datasets
+import msgspec
 
 from hubgym.schemas.messages import MESSAGE_FEATURES, Message, normalize
 
@@ -91,6 +92,18 @@ def interaction(
 def canonical_json(value: Any) -> str:
     """Deterministic JSON (sorted keys, no spaces): the basis of content-derived ids and hashes."""
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+_DECODE_JSON = msgspec.json.Decoder().decode
+
+
+def parse_json(text: str) -> Any:
+    """`json.loads`, ~7x faster (the `info` column is decoded once per row read); falls back to it for what
+    msgspec refuses (NaN and Infinity, which Python's json writes)."""
+    try:
+        return _DECODE_JSON(text)
+    except msgspec.DecodeError:
+        return json.loads(text)
 
 
 def task_id(env: str, prompt: list[Message], info: dict[str, Any], spec: Interaction) -> str:

@@ -3,7 +3,7 @@
 A worker gets only the columns scoring reads (`slim`: no token ids, `info` as JSON text, so
 nothing needs the `datasets` extension types), sent as Arrow IPC bytes, and returns only the new
 columns as a record batch. Columns are decoded whole (`Array.to_pylist`), ~10x faster than
-decoding a batch row by row, and `info` is parsed with msgspec (~7x faster than `json.loads`). The
+decoding a batch row by row, and `info` is parsed with msgspec (`parse_json`). The
 cyclic garbage collector is paused while a batch is scored: a batch allocates some tens of thousands
 of short-lived dicts and lists, freed by reference counting, and with the collector running each
 of its full passes walks every object of the process (measured: 66k instead of 111k rows/s over
@@ -17,16 +17,15 @@ verifier may score it now. A verifier that raises gives `rescore_error`, never a
 from __future__ import annotations
 
 import gc
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 
 from hubgym.score.choice import VerifierSpec, load_spec
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
+from hubgym.schemas.tasks import parse_json
 from hubgym.verifiers.contract import Verifier
 
 SCORED_COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "error")
@@ -88,25 +87,13 @@ def score_one(verifier: Verifier, spec: VerifierSpec, task: dict[str, Any], comp
     return score.reward, metrics, score.error, spec.module, spec.sha256
 
 
-_DECODE_JSON = msgspec.json.Decoder().decode
-
-
-def parse_json(text: str) -> Any:
-    """`json.loads`, faster; falls back to it for what msgspec refuses (NaN and Infinity, which Python writes)."""
-    try:
-        return _DECODE_JSON(text)
-    except msgspec.DecodeError:
-        return json.loads(text)
-
-
 @contextmanager
 def collector_paused() -> Iterator[None]:
     """Pause the cyclic garbage collector (if it runs) for the block; reference counting still frees memory."""
-    if not gc.isenabled():
-        yield
-        return
+    enabled = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        gc.enable()
+        if enabled:
+            gc.enable()

@@ -11,13 +11,13 @@ decoding them, which is how GroupStream.restore() fast-forwards to a checkpointe
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
 from hubgym.errors import NoShardsError
+from hubgym.schemas.tasks import parse_json
 
 # What grouping, packing and the per-env training metrics read; the messages stay on disk.
 TRAIN_COLUMNS = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "prompt_ids", "completion_ids",
@@ -68,7 +68,7 @@ class LocalShards:
         row = self._rows[self._row]
         self._row += 1
         if isinstance(row.get("info"), str):  # the JSON column comes back as the dict it was
-            row["info"] = json.loads(row["info"])
+            row["info"] = parse_json(row["info"])
         return row
 
     def skip(self, n: int) -> int:

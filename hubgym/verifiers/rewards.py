@@ -28,6 +28,8 @@ def extract_tag(text: str, tag: str) -> str | None:
 
 @lru_cache(maxsize=64)
 def _tag_pattern(tag: str) -> re.Pattern:
+    """Compiled once per tag: `re`'s own cache still formats the pattern and checks the flags on every call,
+    which cost as much as the match itself on short replies."""
     return re.compile(rf"<{tag}>(.*?)</{tag}>", re.S)
 
 
