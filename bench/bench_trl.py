@@ -16,8 +16,10 @@ neither's threads or allocator disturb the other; the first `--warmup` steps are
 - hubgym-async: the same with `online.async_steps=1`: step t's rollouts are sampled (by the weights of
   step t-1) while step t-1 trains, so sampling and training overlap; one step off-policy, corrected by
   the loss's importance weight. TRL's GRPOTrainer has no such mode on the CPU.
-- TRL: `GRPOTrainer` with its default generation (`model.generate` in the training process; TRL's
-  vLLM modes need a GPU server or a CUDA colocated engine) and its torch AdamW, no DeepSpeed.
+- TRL: `GRPOTrainer` with its default generation (`model.generate` in the training process) and its
+  torch AdamW, no DeepSpeed. TRL's vLLM modes do not run here: `server` needs a GPU server, and
+  `colocate` starts vLLM on the CPU but fails at its first weight sync (its per-parameter
+  `load_weights` meets parameters that vLLM's CPU kernels have repacked: no `weight_loader`).
 
 Reported per side: seconds per step, the part of it spent waiting for sampling and scoring (hubgym:
 vLLM generation plus weight sync; hubgym-async: the wait for rollouts sampled in the background; TRL:
