@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Literal, TypedDict
 
 import datasets
-import pyarrow as pa
 
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")

@@ -108,7 +108,7 @@ def check_arrow_schema(actual: pyarrow.Schema, expected: pyarrow.Schema, where: 
     extra = [n for n in actual.names if n not in expected.names]
     if extra:
         raise SchemaError(f"{what} has unexpected columns {extra}", Where(**{**where.__dict__, "field": extra[0]}),
-                          f"remove them, or put extra data inside `info`")
+                          "remove them, or put extra data inside `info`")
 
 
 def _validate_values(table: pyarrow.Table, schema: pa.DataFrameSchema, id_column: str, where: Where) -> None:
