@@ -149,8 +149,13 @@ def before_after_table(before: dict[str, float], after: dict[str, float]) -> Tab
         _, env, metric = key.split("/", 2)
         old, new = before.get(key), after[key]
         change = f"{new - old:+.3f}" if old is not None and new is not None else "-"
-        table.add_row(env, metric, "-" if old is None else f"{old:.3f}", f"{new:.3f}", change)
+        table.add_row(env, metric, _number(old), _number(new), change)
     return table
+
+
+def _number(value: float | None) -> str:
+    """A metric no row could give (every eval rollout of the env failed) shows as '-'."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 @app.command()

@@ -59,7 +59,7 @@ def collate(rows: list[list[int]], masks: list[list[float]], weights: list[float
     b = len(rows)
     return MicroBatch(input_ids=ids, attention_mask=attention, loss_mask=loss_mask,
                       old_logprobs=torch.zeros_like(loss_mask), advantages=torch.zeros(b),
-                      policy_version=torch.zeros(b, dtype=torch.long), weights=torch.tensor(weights),
+                      weights=torch.tensor(weights),
                       num_sequences=num_sequences, num_tokens=num_tokens)
 
 

@@ -36,15 +36,15 @@ pytest_plugins = ["hub_server"]  # its fixtures: hub_server, hub_client, hub_spe
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
 
-def make_run(folder, run_id: str, groups: int = 6, n: int = 2, per_shard: int = 4):
-    """A run folder of scored arithmetic rollouts (answers right for sample 0, wrong otherwise)."""
+def make_run(folder, run_id: str, groups: int = 6, n: int = 2, per_shard: int = 4, right=lambda g, s: s == 0):
+    """A run folder of scored arithmetic rollouts (answers `right(group, sample)`: sample 0's, by default)."""
     verifier = resolve_env("arithmetic").verifier()
     tasks = build_tasks("arithmetic", "easy")["test"]
     writer = ShardWriter(folder, "w000of001", max_rows=per_shard)
     for g in range(groups):
         task, rows = tasks[g % len(tasks)], []
         for s in range(n):
-            answer = task["info"]["answer"] if s == 0 else "999"
+            answer = task["info"]["answer"] if right(g, s) else "999"
             completion = [assistant(f"<answer>{answer}</answer>")]
             score = verifier.score(task, completion)
             rows.append({

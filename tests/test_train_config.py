@@ -40,3 +40,22 @@ def test_every_option_is_documented():
     options = list(describe_options())
     assert len(options) > 30
     assert all(description for _, _, description in options), [k for k, _, d in options if not d]
+
+
+def test_a_staleness_bound_below_the_schedule_is_refused():
+    # rows sampled one step ahead by weights synced every 3 steps lag up to 1 + 3 - 1 = 3 versions
+    base = ["online.steps=6", "online.async_steps=1", "online.sync_every=3"]
+    assert load_config(None, base + ["loss.max_staleness=3"]).loss.max_staleness == 3
+    with pytest.raises(ConfigError, match=r"loss\.max_staleness=2 is below the lag the schedule gives online rows "
+                                          r"\(online\.async_steps \+ online\.sync_every - 1 = 3\)"):
+        load_config(None, base + ["loss.max_staleness=2"])
+    with pytest.raises(ConfigError, match=r"= 3\)"):  # sync_every alone lags too
+        load_config(None, ["online.steps=6", "online.sync_every=4", "loss.max_staleness=2"])
+    assert load_config(None, ["offline.sources=[runs/a]", "offline.steps=5", "loss.max_staleness=0"])  # no online
+
+
+def test_stored_rollout_steps_need_sources():
+    with pytest.raises(ConfigError, match=r"offline\.steps=5 .* need stored rollouts, but offline\.sources is empty"):
+        load_config(None, ["offline.steps=5"])
+    with pytest.raises(ConfigError, match=r"online\.offline_fraction=0\.5 need stored rollouts"):
+        load_config(None, ["online.steps=5", "online.offline_fraction=0.5"])

@@ -11,19 +11,19 @@ import torch
 
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
-from hubgym.train.groups import Group
+from hubgym.train.groups import Group, mask_stale
 from hubgym.train.loss import LossSettings, loss_fn, make_loss_fn, token_aligned, token_logprobs
 from hubgym.train.packing import empty_batch, pack_step
 
 
-def batch(mask_rows, mu_rows, adv, *, num_sequences=None, num_tokens=None, versions=None, weights=None, prox=None):
+def batch(mask_rows, mu_rows, adv, *, num_sequences=None, num_tokens=None, weights=None, prox=None):
     """A micro-batch whose per-token tensors are given at target positions 1..T-1 (position 0 is the prompt)."""
     b, t = len(mask_rows), len(mask_rows[0]) + 1
     pad = lambda rows: torch.tensor([[0.0] + list(r) for r in rows])  # noqa: E731
     return MicroBatch(
         input_ids=torch.zeros((b, t), dtype=torch.long), attention_mask=torch.ones((b, t), dtype=torch.long),
         loss_mask=pad(mask_rows), old_logprobs=pad(mu_rows), advantages=torch.tensor(adv, dtype=torch.float32),
-        policy_version=torch.tensor(versions or [0] * b), weights=torch.tensor(weights or [1.0] * b),
+        weights=torch.tensor(weights or [1.0] * b),
         prox_logprobs=pad(prox) if prox is not None else None,
         num_sequences=num_sequences or b, num_tokens=num_tokens or int(sum(map(sum, mask_rows))))
 
@@ -127,20 +127,17 @@ def test_kl_to_reference_uses_k3():
         loss_fn(torch.tensor([[-1.0]]), batch([[1]], [[-1.0]], [0.0]), LossSettings(beta=0.1))
 
 
-def test_stale_rows_are_masked_out_and_counted():
-    cfg = LossSettings(variant="dapo", max_staleness=2, current_version=10)
-    b = batch(MASK, MU, ADV, versions=[9, 7], num_tokens=3)  # lag 1 (kept) and 3 (too stale)
-    loss, m = loss_fn(LOGP, b, cfg)
-    assert loss.item() == pytest.approx((L00 + L01) / 3, rel=1e-5)
-    assert m["policy/stale_count"] == 1.0 and m["policy/staleness_max"] == 3.0 and m["policy/tokens"] == 2.0
-    logp = LOGP.clone().requires_grad_()
-    loss_fn(logp, b, cfg)[0].backward()
-    assert torch.all(logp.grad[1] == 0.0) and torch.all(logp.grad[0, :2] != 0.0)
-
-
 def test_sequence_weights_scale_the_loss():
     loss, _ = loss_fn(LOGP, batch(MASK, MU, ADV, weights=[0.5, 0.0]), LossSettings(variant="dapo"))
     assert loss.item() == pytest.approx(0.5 * (L00 + L01) / 3, rel=1e-5)
+
+
+def test_a_sequence_weight_scales_its_kl_term_too():
+    b = batch([[1]], [[-1.0]], [0.0], weights=[0.25], num_tokens=0.25)  # alone in the step: weighted T = 0.25
+    b.ref_logprobs = torch.tensor([[0.0, -1.5]])
+    loss, _ = loss_fn(torch.tensor([[-1.0]]), b, LossSettings(variant="dapo", beta=0.1))
+    k3 = math.exp(-0.5) - (-0.5) - 1
+    assert loss.item() == pytest.approx(0.25 * 0.1 * k3 / 0.25, rel=1e-5)  # a weighted mean of one term: the term
 
 
 def fixed_model(logits: torch.Tensor):
@@ -157,20 +154,19 @@ def test_masked_positions_get_exactly_zero_gradient(variant, proximal):
     loss_mask = torch.tensor([[0, 0, 1, 0, 1, 1], [0, 1, 1, 0, 0, 0.0], [0, 0, 1, 1, 0, 0]])
     b = MicroBatch(input_ids=torch.randint(0, 11, (3, 6)), attention_mask=torch.ones(3, 6, dtype=torch.long),
                    loss_mask=loss_mask, old_logprobs=torch.full((3, 6), float("nan")),
-                   advantages=torch.tensor([1.0, -1.0, 0.5]), policy_version=torch.tensor([5, 5, 1]),
-                   weights=torch.ones(3), num_sequences=3, num_tokens=7)
+                   advantages=torch.tensor([1.0, -1.0, 0.5]), weights=torch.ones(3), num_sequences=3, num_tokens=7)
     with torch.no_grad():  # behaviour = current policy on loss tokens, NaN garbage everywhere else
         current = token_logprobs(model, b)[0]
         b.old_logprobs[:, 1:] = torch.where(loss_mask[:, 1:] > 0, current - 0.1, b.old_logprobs[:, 1:])
         b.prox_logprobs = torch.where(loss_mask > 0, 0.0, float("nan"))
         b.prox_logprobs[:, 1:] = torch.where(loss_mask[:, 1:] > 0, current, b.prox_logprobs[:, 1:])
         b.ref_logprobs = b.prox_logprobs.clone()
-    cfg = LossSettings(variant=variant, proximal=proximal, beta=0.05, max_staleness=2, current_version=5)
+    cfg = LossSettings(variant=variant, proximal=proximal, beta=0.05)
     logp, entropy = token_logprobs(model, b, with_entropy=True)
     loss, metrics = loss_fn(logp, b, cfg, entropy)
     loss.backward()
     assert torch.isfinite(loss) and all(math.isfinite(v) for v in metrics.values())
-    trains = (loss_mask[:, 1:] > 0) & torch.tensor([True, True, False]).unsqueeze(1)  # row 2 is stale (lag 4)
+    trains = loss_mask[:, 1:] > 0
     grads = logits.grad[:, :-1].abs().sum(-1)  # logits at t predict token t + 1
     assert torch.all(grads[~trains] == 0.0) and torch.all(grads[trains] > 0.0)
     assert torch.all(logits.grad[:, -1] == 0.0)
@@ -180,9 +176,9 @@ def test_a_micro_batch_without_loss_tokens_still_backpropagates_zeros():
     # a rank's padding micro-batch must run backward like the others (DeepSpeed collectives), moving nothing
     lm = ToyLM()
     mb = empty_batch(num_sequences=4, num_tokens=10)
-    loss, metrics = make_loss_fn(LossSettings(variant="grpo", max_staleness=0, current_version=3))(lm, mb)
+    loss, metrics = make_loss_fn(LossSettings(variant="grpo"))(lm, mb)
     loss.backward()
-    assert loss.item() == 0.0 and metrics["policy/tokens"] == 0.0 and metrics["policy/stale_count"] == 0.0
+    assert loss.item() == 0.0 and metrics["policy/tokens"] == 0.0 and metrics["policy/clip_frac"] == 0.0
     assert lm.emb.weight.grad is not None and torch.all(lm.emb.weight.grad == 0.0)
 
 
@@ -192,8 +188,7 @@ def test_token_logprobs_match_a_full_log_softmax():
     ids = torch.randint(0, 13, (2, 5))
     mask = torch.tensor([[0, 0, 1, 1, 0], [0, 1, 0, 1, 1.0]])
     b = MicroBatch(input_ids=ids, attention_mask=torch.ones(2, 5, dtype=torch.long), loss_mask=mask,
-                   old_logprobs=torch.zeros(2, 5), advantages=torch.zeros(2), policy_version=torch.zeros(2),
-                   weights=torch.ones(2))
+                   old_logprobs=torch.zeros(2, 5), advantages=torch.zeros(2), weights=torch.ones(2))
     logp, entropy = token_logprobs(fixed_model(logits), b, with_entropy=True)
     full = torch.log_softmax(logits[:, :-1].double(), -1)
     expected = full.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
@@ -247,8 +242,7 @@ def toy_groups() -> list[Group]:
 @pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo"])
 @pytest.mark.parametrize("proximal", ["none", "current"])
 def test_micro_batches_on_all_ranks_sum_to_the_whole_batch(variant, proximal):
-    cfg = LossSettings(variant=variant, proximal=proximal, beta=0.0, max_staleness=2, current_version=4,
-                       dr_grpo_length=16)
+    cfg = LossSettings(variant=variant, proximal=proximal, beta=0.0, dr_grpo_length=16)
     groups = toy_groups()
 
     def total(max_tokens: int, world_size: int) -> tuple[float, torch.Tensor, int]:
@@ -270,6 +264,62 @@ def test_micro_batches_on_all_ranks_sum_to_the_whole_batch(variant, proximal):
         assert value == pytest.approx(whole, rel=1e-5, abs=1e-7)
         assert torch.allclose(grad, whole_grad, atol=1e-6)
     assert whole != 0.0 and whole_grad.abs().sum() > 0
+
+
+def step_loss(groups: list[Group], variant: str, beta: float = 0.0) -> tuple[float, torch.Tensor]:
+    """The whole step's loss and gradient for `groups` on the ToyLM (one micro-batch)."""
+    lm = ToyLM()
+    [[mb]] = pack_step(groups, 10_000)
+    if beta:
+        with torch.no_grad():
+            mb.ref_logprobs = token_aligned(token_logprobs(lm, mb)[0]) - 0.3  # a reference the policy is not
+    loss, _ = make_loss_fn(LossSettings(variant=variant, beta=beta, dr_grpo_length=16))(lm, mb)
+    loss.backward()
+    return loss.item(), lm.emb.weight.grad.clone()
+
+
+def with_version(group: Group, key: str, version: int) -> Group:
+    rows = [{**row, "rollout_id": f"{key}-{i}", "provenance": {"policy_version": version}}
+            for i, row in enumerate(group.rows)]
+    return replace(group, key=key, rows=rows, loss_masked=list(group.loss_masked))
+
+
+@pytest.mark.parametrize("variant", ["grpo", "dapo", "dr_grpo"])
+def test_stale_rows_neither_train_nor_dilute_the_fresh_ones(variant):
+    toy = toy_groups()
+    fresh = [with_version(toy[0], "a", 4), with_version(toy[1], "b", 4)]
+    stale = [with_version(toy[0], "a-old", 0), with_version(toy[2], "c-old", 1)]
+    assert mask_stale(fresh, version=5, max_staleness=2) == (0, 1)
+    assert mask_stale(stale, version=5, max_staleness=2) == (6, 5)  # lags 5 and 4: every row masked
+    alone, alone_grad = step_loss(fresh, variant)
+    mixed, mixed_grad = step_loss(fresh + stale, variant)
+    assert mixed == pytest.approx(alone, rel=1e-6) and alone != 0.0
+    assert torch.allclose(mixed_grad, alone_grad, atol=1e-7)
+    [[mb]] = pack_step(fresh + stale, 10_000)
+    [[only]] = pack_step(fresh, 10_000)
+    assert (mb.num_sequences, mb.num_tokens) == (only.num_sequences, only.num_tokens)
+
+
+@pytest.mark.parametrize("variant, divisor", [("grpo", "sequences"), ("dr_grpo", "sequences"), ("dapo", "tokens")])
+def test_a_zero_variance_group_counts_in_the_divisors_by_its_weight(variant, divisor):
+    informative = replace(toy_groups()[0], weight=1.0)
+    flat_rows = toy_groups()[1].rows
+
+    def flat(weight: float) -> Group:
+        return Group("e", "flat", flat_rows, [0.0] * len(flat_rows), weight, [False] * len(flat_rows))
+
+    def size(rows) -> float:  # the group's share of N (sequences) or T (tokens) at weight 1
+        return len(rows) if divisor == "sequences" else sum(sum(r["completion_mask"]) for r in rows)
+
+    alone, _ = step_loss([informative], variant)
+    for weight in (1.0, 0.1, 0.0):  # keep, downweight, and a weight of 0, which is drop
+        loss, _ = step_loss([informative, flat(weight)], variant)
+        d = size(informative.rows)
+        assert loss == pytest.approx(alone * d / (d + weight * size(flat_rows)), rel=1e-5)
+    # with a KL term the flat group's own (advantage-free) term counts by its weight as well
+    kl_keep, _ = step_loss([informative, flat(1.0)], variant, beta=0.5)
+    kl_down, _ = step_loss([informative, flat(0.1)], variant, beta=0.5)
+    assert kl_keep != pytest.approx(kl_down, rel=1e-3)
 
 
 def test_a_proximal_logprob_from_the_batch_equals_proximal_current():
@@ -295,7 +345,7 @@ def test_packing_and_loss_on_the_tiny_causal_lm(tiny_model):
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     groups = toy_groups()
-    cfg = LossSettings(variant="dapo", max_staleness=2, current_version=4)
+    cfg = LossSettings(variant="dapo")
 
     def run(max_tokens: int) -> tuple[float, torch.Tensor]:
         model.zero_grad()

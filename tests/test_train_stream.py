@@ -156,6 +156,21 @@ def test_duplicate_samples_are_skipped():
     assert [r["sample"] for r in group.rows] == [0, 1] and stream.counts["skipped_rows/sample"] == 1
 
 
+def test_rows_without_an_env_still_form_groups():
+    rows = [{**row("e", g, s, float(s)), "env": env} for g, env in enumerate([None, ""]) for s in range(2)]
+    stream = GroupStream([rows], GroupSettings(n=2))
+    assert [(g.env, g.key) for g in stream] == [("?", "e-g0"), ("?", "e-g1")] and stream.counts["groups"] == 2
+
+
+def test_every_row_read_is_handed_to_on_row_trainable_or_not():
+    rows = [row("e", 0, s, 1.0) for s in range(2)] + [row("e", 1, s, float(s)) for s in range(2)]
+    rows.append(row("e", 2, 0, None))  # unscored: skipped
+    seen: list[str] = []
+    stream = GroupStream([rows], GroupSettings(n=2), on_row=lambda r: seen.append(r["rollout_id"]))
+    assert [g.key for g in stream] == ["e-g1"]  # group 0 is zero-variance (dropped), row e-2-0 unscored
+    assert seen == [r["rollout_id"] for r in rows]
+
+
 def test_settings_are_validated_with_the_fix():
     with pytest.raises(ConfigError, match="grpo.short_groups is 'sometimes'; use one of drop, keep, error"):
         GroupSettings(short_groups="sometimes")

@@ -14,13 +14,14 @@ vLLM, torch and openai are imported when an engine is created, never by `import 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import queue
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from hubgym.errors import EngineError, RequestError
 from hubgym.schemas.messages import Message, ToolCall
@@ -138,7 +139,8 @@ class VLLMEngine:
     def _start(self) -> None:
         import vllm
 
-        self.llm = vllm.LLM(**self.llm_args)
+        with _without_rendezvous_env():
+            self.llm = vllm.LLM(**self.llm_args)
         self.tokenizer = self.llm.get_tokenizer()
         _fail_waiters_when_core_dies(self.llm)
 
@@ -275,6 +277,19 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.llm = None  # vLLM shuts its engine core down when the LLM is collected
+
+
+@contextlib.contextmanager
+def _without_rendezvous_env() -> Iterator[None]:
+    """A trainer's process group variables (RANK, MASTER_PORT, ...) would make vLLM's engine process join or
+    collide with the trainer's process group: vLLM starts (and restarts) without them."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
+             "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def _running(pid: int | None) -> bool:

@@ -33,6 +33,7 @@ class EngineWorker:
         self._rows: dict[int, Future] = {}
         self.planned_until = -1  # the last step whose rollouts were planned
         self.sync_seconds = 0.0  # spent in weight syncs since the last `rows`
+        self._sync_lock = threading.Lock()  # added to on the engine thread, read and reset on the caller's
         self.stopping = threading.Event()  # set by `close`: a running job that watches it ends early
 
     def submit(self, job: Callable[..., Any], *args: Any) -> Future:
@@ -44,7 +45,9 @@ class EngineWorker:
     def sync(self, job: Callable[..., float], *args: Any) -> None:
         """A weight sync: `job` returns its seconds, reported with the next step's rollouts."""
         def timed() -> None:
-            self.sync_seconds += job(*args)
+            seconds = job(*args)
+            with self._sync_lock:
+                self.sync_seconds += seconds
 
         self.submit(timed)
 
@@ -62,9 +65,9 @@ class EngineWorker:
         started = time.perf_counter()
         rows, generate_s = result(self._rows.pop(step))  # a failure in the thread is raised here
         self._raise_failures()  # e.g. a weight sync that failed before these rows were sampled
-        timings = {"time/generate_s": generate_s, "time/wait_s": time.perf_counter() - started,
-                   "time/sync_s": self.sync_seconds}
-        self.sync_seconds = 0.0
+        with self._sync_lock:
+            synced, self.sync_seconds = self.sync_seconds, 0.0
+        timings = {"time/generate_s": generate_s, "time/wait_s": time.perf_counter() - started, "time/sync_s": synced}
         return rows, timings
 
     def drain(self) -> None:

@@ -11,17 +11,16 @@ what belongs to token t. A causal LM's logits at t-1 predict token t, so the los
                                     tool/env tokens, padding, and (if so configured) truncated rows
     old_logprobs     [B, T] float32 behaviour logprobs from the engine (0 where loss_mask is 0)
     advantages       [B]    float32 one group-relative advantage per sequence
-    policy_version   [B]    int64   the policy that sampled the row (for staleness)
-    weights          [B]    float32 per-sequence weight (env mixture weight, zero-variance down-weighting)
+    weights          [B]    float32 per-sequence weight (zero-variance down-weighting; 1 otherwise)
     ref_logprobs     [B, T] float32 optional, reference-model logprobs when beta > 0
     prox_logprobs    [B, T] float32 optional, the trainer's own logprobs before this update (the
                                     "proximal" policy): when present the loss clips against them and
                                     corrects the sampler mismatch with a truncated IS weight (loss.py)
 
-`num_sequences` (sequences with at least one loss token) and `num_tokens` (loss tokens) are the
-counts of the *global* batch (all micro-batches of one optimizer step, on all ranks): losses
-divide by them, so summing the per-micro-batch losses gives the same objective whatever the
-accumulation or the number of processes.
+`num_sequences` (sequences with at least one loss token) and `num_tokens` (loss tokens), each
+sequence counted by its weight, are the counts of the *global* batch (all micro-batches of one
+optimizer step, on all ranks): losses divide by them, so summing the per-micro-batch losses gives
+the same objective whatever the accumulation or the number of processes.
 """
 
 from __future__ import annotations
@@ -38,12 +37,11 @@ class MicroBatch:
     loss_mask: torch.Tensor
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
-    policy_version: torch.Tensor
     weights: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     prox_logprobs: torch.Tensor | None = None
-    num_sequences: int = 0  # of the global batch (set when the step's micro-batches are known)
-    num_tokens: int = 0  # loss-mask tokens of the global batch
+    num_sequences: float = 0  # of the global batch, weighted (set when the step's micro-batches are known)
+    num_tokens: float = 0  # loss-mask tokens of the global batch, weighted by their sequence's weight
     rollout_ids: list[str] = field(default_factory=list)  # for logs and checks, never for the loss
     envs: list[str] = field(default_factory=list)
 

@@ -57,7 +57,8 @@ class Grpo(Section):
     n: int = Field(8, ge=2, description="samples per task (group size)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: (r-mean)/std; dr_grpo: r-mean")
     zero_variance: Literal["drop", "downweight", "keep"] = Field("drop", description="groups whose rewards are all equal")
-    zero_variance_weight: float = Field(0.1, ge=0, description="weight of zero-variance groups when 'downweight'")
+    zero_variance_weight: float = Field(0.1, ge=0, description="with 'downweight', how much a zero-variance "
+                                        "sequence counts in the loss's divisors (keep = 1, drop = 0)")
     short_groups: Literal["drop", "keep", "error"] = Field("drop", description="groups with fewer than n rows")
     truncated: Literal["keep", "mask", "zero"] = Field("keep", description="truncated completions: train as is, "
                                                        "mask their tokens, or zero their advantage")
@@ -71,7 +72,8 @@ class Loss(Section):
     epsilon_high: float = Field(0.28, ge=0, description="upper clip of the policy ratio (clip-higher)")
     beta: float = Field(0.0, ge=0, description="KL to the reference (initial) model; 0 = no reference model")
     is_cap: float = Field(2.0, gt=0, description="cap of the truncated importance weight vs behaviour logprobs")
-    max_staleness: int | None = Field(None, ge=0, description="mask rows whose policy_version lags more than this")
+    max_staleness: int | None = Field(None, ge=0, description="mask online rows sampled more than this many "
+                                      "policy versions ago (stored rows are never masked)")
 
 
 class Batch(Section):
@@ -133,12 +135,24 @@ class TrainConfig(Section):
         return self.offline.steps + self.online.steps
 
     @model_validator(mode="after")
-    def _staleness_admits_async(self) -> TrainConfig:
-        """Rollouts sampled k steps ahead are k versions old: a tighter bound would mask every one of them."""
-        bound, lag = self.loss.max_staleness, self.online.async_steps
-        if bound is not None and lag > bound:
-            raise ValueError(f"loss.max_staleness={bound} is below online.async_steps={lag}, so every online row "
-                             f"would be masked; set loss.max_staleness >= {lag} or lower online.async_steps")
+    def _staleness_admits_the_schedule(self) -> TrainConfig:
+        """Rollouts sampled k steps ahead by weights synced every S steps are up to k + S - 1 versions old by
+        design: a tighter bound would mask whole steps of them."""
+        bound, o = self.loss.max_staleness, self.online
+        lag = o.async_steps + o.sync_every - 1
+        if bound is not None and self.online.steps and lag > bound:
+            raise ValueError(f"loss.max_staleness={bound} is below the lag the schedule gives online rows "
+                             f"(online.async_steps + online.sync_every - 1 = {lag}), so whole steps would train on "
+                             f"nothing; set loss.max_staleness >= {lag}, or lower async_steps or sync_every")
+        return self
+
+    @model_validator(mode="after")
+    def _offline_needs_sources(self) -> TrainConfig:
+        """Stored-rollout steps or a stored share of online steps with nothing to read would train on nothing."""
+        if not self.offline.sources and (self.offline.steps or self.online.offline_fraction):
+            raise ValueError(f"offline.steps={self.offline.steps} and online.offline_fraction="
+                             f"{self.online.offline_fraction} need stored rollouts, but offline.sources is empty; "
+                             f"list run folders or hub refs under offline.sources, or set both to 0")
         return self
 
 

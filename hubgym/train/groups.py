@@ -3,6 +3,7 @@
     settings = GroupSettings(n=8, advantage="grpo", zero_variance="downweight")
     bad_field(row)                                   # "completion_mask" if the token record's lengths disagree
     group = make_group(rows, settings, counts)       # Group(env, key, rows, advantages, weight, ...) or None
+    stale, lag = mask_stale(groups, version=step, max_staleness=2)   # online rows sampled too long ago
 
 The stream (stream.py) decides *which* rows form a group; this module decides what a complete
 group trains with. Only stored values are used (rewards, ids, masks, behaviour logprobs): nothing
@@ -30,7 +31,7 @@ class GroupSettings:
     n: int = 8  # samples per group: a group is complete when n rows share its `group` key
     advantage: str = "grpo"  # grpo: (r - mean) / std; dr_grpo: r - mean (Dr. GRPO drops the std)
     zero_variance: str = "drop"  # groups whose rewards are all equal: drop | downweight | keep
-    zero_variance_weight: float = 0.1  # their sequence weight when "downweight" (advantages are 0 anyway)
+    zero_variance_weight: float = 0.1  # their share of the loss's divisors when "downweight" (advantages are 0)
     short_groups: str = "drop"  # fewer than n rows when the source ends or the buffer is full: drop | keep | error
     truncated: str = "keep"  # truncated completions: keep | mask (no loss token) | zero (advantage 0)
     strict: bool = False  # a bad row or an unknown env raises BadRowError instead of being skipped and counted
@@ -54,7 +55,7 @@ class Group:
     key: str
     rows: list[dict[str, Any]]
     advantages: list[float]
-    weight: float = 1.0  # sequence weight of every row (zero-variance down-weighting)
+    weight: float = 1.0  # sequence weight of every row (zero-variance down-weighting; see loss.py)
     loss_masked: list[bool] = field(default_factory=list)  # rows whose tokens get no gradient (truncation policy)
     refs: list[tuple[int, int]] = field(default_factory=list)  # (source, row position) of each row: for resume
 
@@ -124,5 +125,30 @@ def make_group(rows: list[dict[str, Any]], settings: GroupSettings, counts: Coun
             if settings.truncated == "zero":
                 adv[i] = 0.0
             masked[i] = settings.truncated == "mask"
-    return Group(rows[0].get("env", "?"), rows[0]["group"], rows, adv, weight, masked, list(refs or []))
+    return Group(rows[0].get("env") or "?", rows[0]["group"], rows, adv, weight, masked, list(refs or []))
+
+
+def policy_version(row: dict[str, Any]) -> int:
+    return (row.get("provenance") or {}).get("policy_version") or 0
+
+
+def mask_stale(groups: list[Group], version: int, max_staleness: int | None) -> tuple[int, int]:
+    """Give no loss token to rows sampled more than `max_staleness` policy versions before `version`; returns
+    (rows masked, the largest lag seen). The rows stay in their groups' advantages, as truncated rows do.
+
+    For the trainer's own online rows only: a stored rollout's policy_version counts the versions of the run
+    that sampled it, not this one's; stored rows are off-policy by design, and the loss's importance weight
+    against their behaviour logprobs is what corrects them.
+    """
+    masked, largest = 0, 0
+    for group in groups:
+        if not group.loss_masked:
+            group.loss_masked = [False] * len(group.rows)
+        for i, row in enumerate(group.rows):
+            lag = version - policy_version(row)
+            largest = max(largest, lag)
+            if max_staleness is not None and lag > max_staleness and not group.loss_masked[i]:
+                group.loss_masked[i] = True
+                masked += 1
+    return masked, largest
 

@@ -5,7 +5,7 @@ ways to aggregate.
     logp, entropy = token_logprobs(model, batch, with_entropy=True)      # (B, T-1), 0 off the loss tokens
     loss, metrics = loss_fn(logp, batch, LossSettings(variant="dapo"), entropy)
 
-Notation, for a loss token t of sequence i (loss_mask 1, row within the staleness bound):
+Notation, for a loss token t of sequence i (loss_mask 1):
     logp   the current policy's logprob of the token: the only term with a gradient
     mu     the stored behaviour logprob: what the sampler (vLLM) gave when it drew the token
     prox   the proximal policy: the trainer's own logprob before this update (optional, no gradient)
@@ -15,7 +15,7 @@ Without a proximal logprob, the behaviour policy is PPO's "old" policy:
     r     = exp(logp - mu)
     s     = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)              (clip-higher: eps_high > eps_low)
     s     = max(s, C A)                      if A < 0                   (dual clip: r counts at most C)
-    l_it  = -w_i s
+    l_it  = -s
 
 With a proximal logprob (`batch.prox_logprobs`, or `proximal="current"`, which takes the current
 policy itself, detached: exact for one update per batch and free, no extra forward), PPO clips
@@ -23,21 +23,23 @@ against the proximal policy and the sampler/trainer gap is corrected by a trunca
     r     = exp(logp - prox)
     rho   = min(exp(prox - mu), C)                                      (no gradient)
     s     = min(r A, clip(r, 1 - eps_low, 1 + eps_high) A)
-    l_it  = -w_i rho s
+    l_it  = -rho s
 So in both modes C bounds how much a token's importance weight against the sampler can count.
 
 With beta > 0 and reference logprobs ref:  l_it += beta k3,  k3 = exp(ref - logp) - (ref - logp) - 1
 (Schulman's k3 estimator of KL(pi || ref): never negative, low variance).
 
-Rows with current_version - policy_version > max_staleness get no loss token (counted).
-
-Aggregation, N = sequences with a loss token and T = loss tokens of the GLOBAL batch (all
-micro-batches, all ranks: `batch.num_sequences`, `batch.num_tokens`), |o_i| = loss tokens of i:
-    grpo     sum_i (sum_t l_it / |o_i|) / N      per-sequence token mean, then mean over sequences
-    dapo     sum_it l_it / T                     token mean over the batch (DAPO)
-    dr_grpo  sum_it l_it / (N L)                 L = dr_grpo_length, a constant (the generation
-                                                 budget): no length bias (Dr. GRPO, Liu et al. 2025)
-Because the divisors are global, the sum of the micro-batch losses is the whole-batch loss.
+Aggregation: weighted means. N = sum_i w_i over sequences with a loss token and T = sum_i w_i |o_i|
+(|o_i| = loss tokens of i) are counts of the GLOBAL batch (all micro-batches, all ranks:
+`batch.num_sequences`, `batch.num_tokens`, made by packing.py):
+    grpo     sum_i w_i (sum_t l_it / |o_i|) / N     per-sequence token mean, then mean over sequences
+    dapo     sum_it w_i l_it / T                    token mean over the batch (DAPO)
+    dr_grpo  sum_it w_i l_it / (N L)                L = dr_grpo_length, a constant (the generation
+                                                    budget): no length bias (Dr. GRPO, Liu et al. 2025)
+With every w_i = 1 these are plain means. A weight scales a sequence's whole term and its share of
+the divisor alike, so a down-weighted zero-variance group (advantage 0) dilutes the others' update
+by w_i of a sequence, not by a whole one. Because the divisors are global, the sum of the
+micro-batch losses is the whole-batch loss.
 
 Only the loss positions are ever selected, so every other position gets exactly zero gradient,
 whatever its stored values.
@@ -45,8 +47,9 @@ whatever its stored values.
 Metrics (per micro-batch; `tokens` and `_count` add up over micro-batches, `_max` is a maximum):
 policy/tokens, clip_frac_low (r < 1 - eps_low with A < 0), clip_frac_high (r > 1 + eps_high with
 A > 0), clip_frac, is_ratio_mean / is_ratio_max (the weight against the sampler: r without a
-proximal policy, exp(prox - mu) with one), is_capped_frac (that weight above C), stale_count,
-staleness_max, kl (beta > 0), entropy (when given).
+proximal policy, exp(prox - mu) with one), is_capped_frac (that weight above C), kl (beta > 0),
+entropy (when given). Which rows train at all (staleness, truncation) is decided before packing
+(groups.py), not here.
 """
 
 from __future__ import annotations
@@ -69,9 +72,7 @@ class LossSettings:
     epsilon_high: float = 0.28  # ... and above at 1 + epsilon_high (DAPO's clip-higher)
     beta: float = 0.0  # weight of the k3 KL to the reference (needs batch.ref_logprobs)
     is_cap: float = 2.0  # C: the most a token's importance weight against the sampler counts
-    max_staleness: int | None = None  # rows more than this many policy versions behind get no loss token
     dr_grpo_length: int = 128  # L of dr_grpo: the generation budget in tokens
-    current_version: int = 0  # the policy version being trained (for staleness)
     proximal: str = "batch"  # batch: batch.prox_logprobs when present | current: the policy itself | none
 
     def __post_init__(self) -> None:
@@ -142,8 +143,7 @@ def loss_fn(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
 
     `logprobs` is (B, T-1): the current policy's logprob of tokens 1..T-1 (see token_logprobs).
     """
-    keep = (batch.loss_mask[:, 1:] > 0) & (stale_keep(batch, cfg) > 0).unsqueeze(1)  # (B, T-1)
-    rows, cols = keep.nonzero(as_tuple=True)  # the loss tokens: (N,) each
+    rows, cols = (batch.loss_mask[:, 1:] > 0).nonzero(as_tuple=True)  # the loss tokens: (N,) each
     logp = logprobs[rows, cols]
     mu = batch.old_logprobs[:, 1:][rows, cols]
     adv, weight = batch.advantages[rows], batch.weights[rows]
@@ -161,7 +161,7 @@ def loss_fn(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
         surrogate = torch.where(adv < 0, torch.maximum(surrogate, cfg.is_cap * adv), surrogate)
     else:
         surrogate = torch.clamp(is_weight, max=cfg.is_cap) * surrogate
-    per_token = -weight * surrogate  # (N,)
+    per_token = -surrogate  # (N,)
     kl = None
     if cfg.beta > 0:
         if batch.ref_logprobs is None:
@@ -169,9 +169,9 @@ def loss_fn(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
         delta = batch.ref_logprobs[:, 1:][rows, cols] - logp
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + cfg.beta * kl
-    loss = aggregate(per_token, rows, batch, cfg)  # with no loss token: 0, still in the graph (empty selection)
+    loss = aggregate(weight * per_token, rows, batch, cfg)  # no loss token: 0, still in the graph (empty selection)
     ent = entropy[rows, cols] if entropy is not None else None
-    return loss, _metrics(ratio.detach(), is_weight, adv, kl, ent, batch, cfg)
+    return loss, _metrics(ratio.detach(), is_weight, adv, kl, ent, cfg)
 
 
 policy_loss = loss_fn  # the earlier name
@@ -187,32 +187,21 @@ def proximal_logprobs(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettin
 
 
 def aggregate(per_token: torch.Tensor, rows: torch.Tensor, batch: MicroBatch, cfg: LossSettings) -> torch.Tensor:
-    """Sum the (N,) token losses into this micro-batch's share of the global objective."""
-    n = max(batch.num_sequences, 1)
+    """Sum the (N,) weighted token losses into this micro-batch's share of the global objective."""
+    n = batch.num_sequences or 1  # weighted: may be below 1 (a step of down-weighted groups only)
     if cfg.variant == "grpo":
         lengths = batch.loss_mask[:, 1:].sum(1).clamp(min=1)  # |o_i|: the sequence's own loss tokens
         per_sequence = torch.zeros_like(lengths, dtype=per_token.dtype).index_add(0, rows, per_token)
         return (per_sequence / lengths).sum() / n
     if cfg.variant == "dapo":
-        return per_token.sum() / max(batch.num_tokens, 1)
+        return per_token.sum() / (batch.num_tokens or 1)
     return per_token.sum() / (n * cfg.dr_grpo_length)  # dr_grpo
 
 
-def stale_keep(batch: MicroBatch, cfg: LossSettings) -> torch.Tensor:
-    """(B,) 1.0 for rows within the staleness bound, 0.0 for older ones."""
-    if cfg.max_staleness is None:
-        return torch.ones_like(batch.advantages)
-    lag = cfg.current_version - batch.policy_version
-    return (lag <= cfg.max_staleness).to(batch.advantages.dtype)
-
-
 @torch.no_grad()
-def _metrics(ratio, is_weight, adv, kl, entropy, batch: MicroBatch, cfg: LossSettings) -> dict[str, float]:
-    """Fractions and means are over this micro-batch's loss tokens; `_count` and `tokens` add up across them."""
+def _metrics(ratio, is_weight, adv, kl, entropy, cfg: LossSettings) -> dict[str, float]:
+    """Fractions and means are over this micro-batch's loss tokens; `tokens` adds up across micro-batches."""
     tokens = ratio.numel()
-    trains = batch.loss_mask[:, 1:].sum(1) > 0  # rows that have loss tokens (not the padding rows of a rank)
-    stale = trains & (stale_keep(batch, cfg) == 0)
-    lag = (cfg.current_version - batch.policy_version)[trains]
     low = ((ratio < 1 - cfg.epsilon_low) & (adv < 0)).float()
     high = ((ratio > 1 + cfg.epsilon_high) & (adv > 0)).float()
     empty = ratio.new_zeros(1)
@@ -224,8 +213,6 @@ def _metrics(ratio, is_weight, adv, kl, entropy, batch: MicroBatch, cfg: LossSet
         "policy/is_ratio_mean": is_weight.mean() if tokens else empty[0] + 1,
         "policy/is_ratio_max": is_weight.max() if tokens else empty[0] + 1,
         "policy/is_capped_frac": (is_weight > cfg.is_cap).float().mean() if tokens else empty[0],
-        "policy/stale_count": stale.sum(),
-        "policy/staleness_max": lag.max() if lag.numel() else empty[0],
     }
     if kl is not None:
         values["policy/kl"] = kl.mean() if tokens else empty[0]

@@ -3,7 +3,12 @@
 
     log = MetricsLog(out_dir, console=console, every=1, backends=["tensorboard"])
     log.log(step, {"policy/loss": 0.1, "env/arithmetic/reward": 0.4})
+    log.lines                                  # records written so far: a checkpoint saves it...
+    MetricsLog(out_dir, keep_lines=n)          # ...and a resumed run keeps that many, dropping what came after
     log.close()                                # writes metrics.png
+
+Only rank 0 of a multi-process run logs (`enabled=False` elsewhere): the metrics are the same on every
+rank but the policy numbers, which are rank 0's micro-batches.
 
 Names are `group/[env/]metric`: `policy/*` (loss, clip fraction, KL, IS ratio, entropy, grad norm),
 `env/<env>/*` (reward, components, success, failure rates, tokens), `eval/<env>/*`, `time/*`.
@@ -19,21 +24,39 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from hubgym.fileio import atomic_write_bytes
+
 CONSOLE_KEYS = ("policy/loss", "policy/grad_norm", "policy/clip_frac", "policy/is_ratio_mean", "policy/entropy",
                 "policy/staleness_max", "time/step_s", "time/tokens_per_s")
 
 
 class MetricsLog:
     def __init__(self, out_dir: str | Path, *, console: Console | None = None, every: int = 1,
-                 backends: list[str] | None = None, run_name: str = "hubgym", config: dict | None = None):
+                 backends: list[str] | None = None, run_name: str = "hubgym", config: dict | None = None,
+                 keep_lines: int | None = 0, enabled: bool = True):
         self.path = Path(out_dir) / "metrics.jsonl"
+        self.console, self.every, self.enabled = console, every, enabled
+        self.history = self._start(keep_lines) if enabled else []
+        self._backends = [_open_backend(b, Path(out_dir), run_name, config or {}) for b in backends or []
+                          if enabled]
+
+    @property
+    def lines(self) -> int:
+        return len(self.history)
+
+    def _start(self, keep_lines: int | None) -> list[dict[str, Any]]:
+        """The file starts with the first `keep_lines` records already there (what a resumed run's checkpoint
+        had logged; a fresh run keeps none; None keeps all): records logged after that checkpoint are logged
+        again as the resumed run redoes their steps, so they would otherwise appear twice."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.console, self.every = console, every
-        self.history: list[dict[str, Any]] = []
-        self._backends = [_open_backend(b, Path(out_dir), run_name, config or {}) for b in backends or []]
+        kept = self.path.read_text().splitlines()[:keep_lines] if keep_lines != 0 and self.path.exists() else []
+        atomic_write_bytes(self.path, "".join(line + "\n" for line in kept).encode())
+        return [json.loads(line) for line in kept]
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Record one step's metrics (several calls for one step merge in the file and plots)."""
+        if not self.enabled:
+            return
         record = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self.history.append(record)
         with self.path.open("a") as f:  # appended line by line: a killed run keeps what it logged
@@ -42,6 +65,10 @@ class MetricsLog:
             backend(step, metrics)
         if self.console is not None and step % self.every == 0 and any(k in metrics for k in CONSOLE_KEYS):
             self.console.print(step_table(step, metrics))
+
+    def logged(self, step: int, prefix: str = "") -> dict[str, Any]:
+        """The metrics recorded at `step` whose names start with `prefix` (e.g. a resumed run's first eval)."""
+        return {k: v for r in self.history if r["step"] == step for k, v in r.items() if k.startswith(prefix)}
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [(r["step"], r[key]) for r in self.history if key in r and r[key] is not None]

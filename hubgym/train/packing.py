@@ -12,7 +12,8 @@ pass; a rank with fewer micro-batches gets empty ones (no loss token), because e
 run the same number of forward/backward passes.
 
 Every micro-batch carries the counts of the whole step (all ranks): `num_sequences` (sequences
-with at least one loss token) and `num_tokens` (loss tokens). The losses divide by them.
+with at least one loss token) and `num_tokens` (loss tokens), each sequence counted by its group's
+weight (1, or the zero-variance weight). The losses divide by them.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def pack_step(groups: list[Group], max_tokens: int, world_size: int = 1, pad_id:
             chunks[-1].append(item)
         else:
             chunks.append([item])
-    trainable = [loss_tokens(row, masked) for row, _, _, masked, _ in items]
-    num_sequences, num_tokens = sum(t > 0 for t in trainable), sum(trainable)
+    trainable = [(loss_tokens(row, masked), weight) for row, _, weight, masked, _ in items]
+    num_sequences = sum(weight for tokens, weight in trainable if tokens > 0)
+    num_tokens = sum(weight * tokens for tokens, weight in trainable)
     batches = [collate(chunk, num_sequences, num_tokens, pad_id) for chunk in chunks]
     ranks = deal(batches, [len(c) * sequence_length(c[-1][0]) for c in chunks], world_size)
     per_rank = max(1, max(map(len, ranks)))
@@ -91,7 +93,7 @@ def deal(batches: list[MicroBatch], costs: list[int], world_size: int) -> list[l
     return [[batches[i] for i in sorted(mine)] for mine in owned]
 
 
-def collate(items: list[Item], num_sequences: int, num_tokens: int, pad_id: int = 0) -> MicroBatch:
+def collate(items: list[Item], num_sequences: float, num_tokens: float, pad_id: int = 0) -> MicroBatch:
     """Right-padded rows, prompt then completion, straight from the stored token record."""
     width = max(sequence_length(row) for row, *_ in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)  # (B, T)
@@ -108,17 +110,14 @@ def collate(items: list[Item], num_sequences: int, num_tokens: int, pad_id: int 
     return MicroBatch(
         input_ids=ids, attention_mask=attention, loss_mask=loss_mask, old_logprobs=old,
         advantages=torch.tensor([adv for _, adv, *_ in items], dtype=torch.float32),
-        policy_version=torch.tensor([(row.get("provenance") or {}).get("policy_version") or 0 for row, *_ in items],
-                                    dtype=torch.long),
         weights=torch.tensor([w for _, _, w, _, _ in items], dtype=torch.float32),
         num_sequences=num_sequences, num_tokens=num_tokens,
         rollout_ids=[row.get("rollout_id", "") for row, *_ in items], envs=[env for *_, env in items])
 
 
-def empty_batch(num_sequences: int, num_tokens: int, pad_id: int = 0) -> MicroBatch:
+def empty_batch(num_sequences: float, num_tokens: float, pad_id: int = 0) -> MicroBatch:
     """A two-token micro-batch with no loss token: keeps a rank's pass count in step with the others."""
     zero = torch.zeros((1, 2), dtype=torch.float32)
     return MicroBatch(input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
                       attention_mask=torch.ones((1, 2), dtype=torch.long), loss_mask=zero, old_logprobs=zero.clone(),
-                      advantages=torch.zeros(1), policy_version=torch.zeros(1, dtype=torch.long),
-                      weights=torch.zeros(1), num_sequences=num_sequences, num_tokens=num_tokens)
+                      advantages=torch.zeros(1), weights=torch.zeros(1), num_sequences=num_sequences, num_tokens=num_tokens)

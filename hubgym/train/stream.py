@@ -7,6 +7,7 @@
     again = GroupStream(<the same sources, from their start>, GroupSettings(n=8), {...}, seed=0)
     again.restore(state)             # from here on, `again` yields exactly what `stream` would have
     stream.counts                    # groups, skipped rows by field, short / zero-variance groups, ...
+    GroupStream(sources, settings, on_row=seen.append)   # also hands over every row read, trainable or not
 
 A source is any iterable of rollout row dicts (a LocalShards reader, the Hub reader, the online
 producer's rows). Sources are read round robin, one row each per round, so none runs ahead of the
@@ -36,7 +37,7 @@ import logging
 import random
 from collections import Counter, OrderedDict, deque
 from dataclasses import asdict
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from hubgym.errors import BadRowError
 from hubgym.train.config import ConfigError
@@ -52,7 +53,8 @@ WARNINGS_PER_FIELD = 3  # then only counted: a bad run must not flood the log
 
 class GroupStream:
     def __init__(self, sources: Iterable[Iterable[dict[str, Any]]], settings: GroupSettings,
-                 env_weights: dict[str, float] | None = None, seed: int = 0):
+                 env_weights: dict[str, float] | None = None, seed: int = 0,
+                 on_row: Callable[[dict[str, Any]], None] | None = None):
         self._sources = [iter(s) for s in sources]
         self._live = list(range(len(self._sources)))  # sources not yet exhausted
         self.positions = [0] * len(self._sources)  # rows read so far from each source
@@ -63,6 +65,7 @@ class GroupStream:
                 raise ConfigError(f"env {env!r} has mixture weight {weight}; weights must be > 0 "
                                   f"(leave the env out of `envs` to train without it)")
         self.rng = random.Random(seed)
+        self.on_row = on_row
         self.counts: Counter[str] = Counter()
         self.peak_pending = 0  # most incomplete groups held at once (never above settings.buffer_groups)
         self._pending: OrderedDict[str, list[Entry]] = OrderedDict()  # incomplete groups, oldest first
@@ -126,6 +129,8 @@ class GroupStream:
                 continue
             position = self.positions[i]
             self.positions[i] += 1
+            if self.on_row is not None:
+                self.on_row(row)
             self._add((i, position, row))
 
     def _add(self, entry: Entry) -> None:

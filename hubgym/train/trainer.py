@@ -18,18 +18,17 @@ after. A checkpoint (weights, optimizer, stream position, RNG) is written every
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from rich.console import Console
+from rich.markup import escape
 
 from hubgym.train.ahead import EngineWorker
 from hubgym.train.config import TrainConfig
-from hubgym.train.groups import Group, GroupSettings
+from hubgym.train.groups import Group, GroupSettings, mask_stale
 from hubgym.train.loss import LossSettings, make_loss_fn
 from hubgym.train.metrics import MetricsLog
 from hubgym.train.packing import pack_step
@@ -58,7 +57,8 @@ class Trainer:
         self.synced: int | None = None if engine is not None else 0  # a fresh engine serves the initial weights
         self.worker = EngineWorker()  # the engine's jobs: weight syncs, online rollouts
         self.offline_used = 0  # groups taken from the offline stream so far (the stream position)
-        self.step_times: dict[str, float] = {}  # weight sync and generation seconds of the current online step
+        self.offline_read: list[dict] = []  # stored rows read since the last step, trainable or not (env metrics)
+        self.online_metrics: dict[str, float] = {}  # of the current online step: sync and generation s, staleness
         self.counts: dict[str, int] = {}
 
     # -- setup ------------------------------------------------------------------------------------
@@ -75,9 +75,7 @@ class Trainer:
         if self._engine is None:
             from hubgym.rollout.engines import VLLMEngine
 
-            with _without_rendezvous_env():
-                self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len,
-                                          seed=self.cfg.seed)
+            self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed)
             self._engine.policy_version = 0
         return self._engine
 
@@ -94,7 +92,7 @@ class Trainer:
         names = {}
         for mix in self.cfg.envs:
             env = load_env_tasks(mix.name, self.cfg.eval.split, 1, hub=self.hub, trust=self.trust).env
-            names[env] = mix.weight
+            names[env] = names.get(env, 0.0) + mix.weight  # two configs of one env: rows carry the env name only
         return names
 
     # -- the run ----------------------------------------------------------------------------------
@@ -109,17 +107,18 @@ class Trainer:
                              max_grad_norm=o.max_grad_norm, zero_stage=o.zero_stage, bf16=o.bf16,
                              gradient_checkpointing=o.gradient_checkpointing, seed=cfg.seed))
         self.weights = self.env_weights()
-        log = MetricsLog(self.out, console=self.console if self.policy.rank == 0 else None, every=cfg.log.every,
-                         backends=[b for b in ("trackio", "tensorboard", "wandb") if getattr(cfg.log, b)],
-                         config=cfg.model_dump())
         client = load_checkpoint(self.policy, self.out / "checkpoints")
         start = client["step"] + 1 if client else 0
         self.offline_used = client["stream"]["offline_groups"] if client else 0
+        backends = [b for b in ("trackio", "tensorboard", "wandb") if getattr(cfg.log, b)]
+        self.log = log = MetricsLog(self.out, console=self.console, every=cfg.log.every, backends=backends,
+                                    config=cfg.model_dump(), enabled=self.policy.rank == 0,
+                                    keep_lines=client["stream"].get("metrics_lines") if client else 0)
         offline = self._offline_groups(skip=self.offline_used)
         if self.policy.rank == 0 and (cfg.online.steps or cfg.eval.limit):
             self.engine()  # started here, on the main thread, before the engine thread uses it
         self._sync(start)  # resumed (or a given engine): serve the checkpoint's weights, version = steps taken
-        before = self._evaluate(0, log) if start == 0 else {}
+        before = self._evaluate(0, log) if start == 0 else log.logged(0, "eval/")  # resumed: what the run measured
         producer = self._producer() if cfg.online.steps else None
         for step in range(start, cfg.total_steps):
             started = time.perf_counter()
@@ -131,7 +130,8 @@ class Trainer:
             if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
                 self._checkpoint(step)
         steps = cfg.total_steps
-        if start < steps:
+        saved_in_loop = cfg.checkpoint_every and steps % cfg.checkpoint_every == 0
+        if start < steps and not saved_in_loop:
             self._checkpoint(steps - 1)
         exported = self.policy.export_hf(self.out / "model")
         after = self._evaluate(steps, log)
@@ -152,19 +152,24 @@ class Trainer:
         cfg, wanted = self.cfg, self.cfg.batch.groups_per_step
         if step < cfg.offline.steps:
             groups = self._take(offline, wanted)
-            return groups, [r for g in groups for r in g.rows]
+            rows, self.offline_read = self.offline_read, []  # every row read, so zero-variance groups count too
+            return groups, rows
         from_store = round(wanted * cfg.online.offline_fraction) if cfg.offline.sources else 0
         if (step - cfg.offline.steps) % cfg.online.sync_every == 0:
             self._sync(step)  # queued behind the rollouts planned before it
         rows = []
         if self.policy.rank == 0:
             self._plan_rollouts(step, producer, wanted - from_store)
-            rows, self.step_times = self.worker.rows(step)
+            rows, self.online_metrics = self.worker.rows(step)
         rows = _broadcast(rows, self.policy.world_size)
         stream = GroupStream([rows], self.group_settings(), self.weights, seed=cfg.seed + step)
         fresh = list(stream)
         self._count(stream.counts)
-        return fresh + self._take(offline, from_store), rows
+        stale, lag = mask_stale(fresh, step, cfg.loss.max_staleness)  # stored groups are never "stale"
+        self.online_metrics.update({"policy/stale_count": stale, "policy/staleness_max": lag})
+        stored = self._take(offline, from_store)
+        self.offline_read = []  # the env metrics of online steps are those of the policy's own rows
+        return fresh + stored, rows
 
     def _plan_rollouts(self, step: int, producer, groups: int) -> None:
         """Queue the rollouts of steps up to `step + online.async_steps` (each sampled by the weights synced last)."""
@@ -184,7 +189,7 @@ class Trainer:
             # A Ctrl-C also reaches vLLM's processes (one process group): the engine dies as the run stops.
             if self.worker.stopping.wait(timeout=self.STOPPING_GRACE_S):
                 raise RolloutsStopped(f"online step {step}: the run is stopping; the engine was not restarted") from exc
-            self.console.print(f"[yellow]vLLM engine failed ({exc}); restarting it with the current weights")
+            self.console.print(f"[yellow]vLLM engine failed ({escape(str(exc))}); restarting it with the current weights")
             if not self._revive():  # alive but failing: start a fresh one all the same
                 engine.restart()
                 self._count({"engine_restarts": 1})
@@ -207,14 +212,13 @@ class Trainer:
         metrics: dict[str, Any] = env_metrics(rows)
         metrics["train/groups"] = len(groups)
         metrics["train/phase"] = 0 if step < cfg.offline.steps else 1
-        metrics.update(self.step_times if metrics["train/phase"] else {})
+        metrics.update(self.online_metrics if metrics["train/phase"] else {})
         if not groups:  # every group was zero-variance or short: nothing to learn from at this step
             metrics["train/empty_step"] = 1
             return metrics
         loss_cfg = LossSettings(variant=cfg.loss.variant, epsilon_low=cfg.loss.epsilon_low,
                                 epsilon_high=cfg.loss.epsilon_high, beta=cfg.loss.beta, is_cap=cfg.loss.is_cap,
-                                max_staleness=cfg.loss.max_staleness, dr_grpo_length=cfg.sampling.max_tokens,
-                                current_version=step)
+                                dr_grpo_length=cfg.sampling.max_tokens)
         shares = pack_step(groups, cfg.batch.micro_batch_tokens, self.policy.world_size)
         stats = self.policy.train_step(shares[self.policy.rank], make_loss_fn(loss_cfg))
         seconds = time.perf_counter() - started
@@ -241,7 +245,7 @@ class Trainer:
             epoch = 0
             while sources:
                 stream = GroupStream([iter_rollouts([s], hub=self.hub) for s in sources], self.group_settings(),
-                                     self.weights, seed=self.cfg.seed + epoch)
+                                     self.weights, seed=self.cfg.seed + epoch, on_row=self._read_offline)
                 produced = False
                 for group in stream:
                     produced = True
@@ -256,7 +260,11 @@ class Trainer:
         iterator = groups()
         for _ in range(skip):
             next(iterator)
+        self.offline_read = []  # rows of steps trained before the checkpoint
         return iterator
+
+    def _read_offline(self, row: dict) -> None:
+        self.offline_read.append(row)
 
     def _take(self, offline: Iterator[Group], count: int) -> list[Group]:
         if count <= 0 or not self.cfg.offline.sources:
@@ -320,8 +328,8 @@ class Trainer:
 
         if self.policy.rank == 0:
             self.worker.drain()  # rollouts planned for later steps are on disk: a resume reads them back
-        save_checkpoint(self.policy, self.out / "checkpoints", step, {"offline_groups": self.offline_used},
-                        keep=self.cfg.keep_checkpoints)
+        position = {"offline_groups": self.offline_used, "metrics_lines": self.log.lines}
+        save_checkpoint(self.policy, self.out / "checkpoints", step, position, keep=self.cfg.keep_checkpoints)
         if self.cfg.online.push and self.policy.rank == 0 and (self.out / "online" / "shards").exists():
             from hubgym.hub.rollouts import push_rollouts
 
@@ -346,14 +354,3 @@ def _broadcast(rows: list[dict], world_size: int) -> list[dict]:
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
 
-
-@contextlib.contextmanager
-def _without_rendezvous_env() -> Iterator[None]:
-    """vLLM's engine process would read the trainer's RANK/MASTER_PORT and collide with its process group."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-             "ROLE_RANK", "TORCHELASTIC_RUN_ID")
-    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
