@@ -75,7 +75,8 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
         with _stage(console, report, "5 re-score: the pushed rollouts, streamed back from the hub"):
             report.plots.append(_rescore(rollouts_ref, hub, out, console))
         with _stage(console, report, "6 train: GRPO on DeepSpeed, offline then online"):
-            trainer.cfg.offline.sources = [rollouts_ref]
+            trainer.cfg.offline.sources = [rollouts_ref]  # the offline steps come with the rollouts they read
+            trainer.cfg.offline.steps = settings.offline_steps
             result = trainer.run()
     finally:
         trainer.close()
@@ -148,7 +149,7 @@ def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, conso
     from hubgym.train.trainer import Trainer
 
     cfg = load_config(None, [f"model={model}", f"output_dir={settings.out / 'train'}",
-                             f"offline.steps={settings.offline_steps}", f"online.steps={settings.online_steps}",
+                             f"online.steps={settings.online_steps}",
                              f"optim.lr={settings.lr}", f"grpo.n={settings.rollout_n}", "eval.limit=25", "eval.n=4",
                              "log.every=20", "online.push=demo/rollouts"])
     cfg.envs[0].name = env_ref

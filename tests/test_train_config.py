@@ -59,3 +59,5 @@ def test_stored_rollout_steps_need_sources():
         load_config(None, ["offline.steps=5"])
     with pytest.raises(ConfigError, match=r"online\.offline_fraction=0\.5 need stored rollouts"):
         load_config(None, ["online.steps=5", "online.offline_fraction=0.5"])
+    with pytest.raises(ConfigError, match=r"offline\.sources: lists runs/a more than once; list each source once"):
+        load_config(None, ["offline.sources=[runs/a, runs/b, runs/a]", "offline.steps=1"])

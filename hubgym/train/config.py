@@ -33,6 +33,15 @@ class Offline(Section):
                                "(org/name[@rev][:RUN]) to train on first")
     steps: int = Field(0, ge=0, description="optimizer steps on stored rollouts (phase 1)")
 
+    @field_validator("sources")
+    @classmethod
+    def _each_source_once(cls, sources: list[str]) -> list[str]:
+        """A source listed twice would train its groups twice as often as the others."""
+        twice = sorted({s for s in sources if sources.count(s) > 1})
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} more than once; list each source once")
+        return sources
+
 
 class Online(Section):
     steps: int = Field(0, ge=0, description="optimizer steps on fresh rollouts of the policy (phase 2)")

@@ -6,10 +6,11 @@ current weights, scores the rows, and writes them as shards of one run folder OU
 handing them to the trainer. So the online data is on disk (and can go to the Hub) exactly like
 any other rollout run, with `policy_version` in every row.
 
-Resume: if OUT already holds a complete step (its manifest says so) of this very run (the same run id:
-model, envs, sampling, n, policy version), the stored rows are returned instead of sampling again, so a
-resumed run trains on the very same batches as the run that was killed. A complete step of another run
-is refused rather than trained on. Stopping: once the `stop` event is set (the trainer is closing, e.g. after
+Resume: if OUT already holds a complete step (its manifest says so) of this very run (model, envs,
+sampling and n give the stored run id), the stored rows are returned instead of sampling again, so a
+resumed run trains on the very same batches as the run that was killed, whatever weights it serves now
+(rollouts sampled ahead were sampled by older ones). A complete step of another run is refused rather
+than trained on. Stopping: once the `stop` event is set (the trainer is closing, e.g. after
 Ctrl-C), a step being sampled is cancelled at once, its vLLM requests aborted and nothing of it written; a
 resumed run samples that step again.
 """
@@ -83,14 +84,13 @@ class OnlineProducer:
     def produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
                 groups: int) -> list[dict[str, Any]]:
         """One step's rows (complete groups) sampled by policy `version`, or read back after a resume."""
-        config = self.rollout_config(step, version)
-        run_id = config.run_id()
-        stored = self._stored(step, run_id)
+        stored = self._stored(step)
         if stored is not None:
             return stored
         for stale in (self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"):  # killed before its manifest
             stale.unlink()
-        picks = self.pick(step, groups)
+        config, picks = self.rollout_config(step, version), self.pick(step, groups)
+        run_id = config.run_id()
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
         if rows is None:
             raise RolloutsStopped(f"online step {step}: rollouts cancelled, the run is stopping; nothing was stored")
@@ -125,15 +125,16 @@ class OnlineProducer:
             await sampling
         return None
 
-    def _stored(self, step: int, run_id: str) -> list[dict[str, Any]] | None:
+    def _stored(self, step: int) -> list[dict[str, Any]] | None:
         manifest = self.out_dir / f"manifest-{self.worker(step)}.json"
         record = json.loads(manifest.read_text()) if manifest.exists() else {}
         if not record.get("complete"):
             return None
-        if record.get("run_id") != run_id:
+        expected = self.rollout_config(step, record.get("policy_version", 0)).run_id()
+        if record.get("run_id") != expected:
             raise ConfigError(f"{self.out_dir} already holds online step {step} of another run (run id "
-                              f"{record.get('run_id')}, this config's is {run_id}: another model, envs, sampling, "
-                              f"group size or policy version); train into a new output_dir, or delete "
-                              f"{self.out_dir} (and the checkpoints beside it) to start over")
+                              f"{record.get('run_id')}, this config's is {expected}: another model, envs, sampling "
+                              f"or group size); train into a new output_dir, or delete {self.out_dir} (and the "
+                              f"checkpoints beside it) to start over")
         shards = sorted((self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"))
         return list(iter_rollouts(shards))
