@@ -353,4 +353,3 @@ def _broadcast(rows: list[dict], world_size: int) -> list[dict]:
     box = [rows]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
-
