@@ -149,7 +149,7 @@ class TrainConfig(Section):
         design: a tighter bound would mask whole steps of them."""
         bound, o = self.loss.max_staleness, self.online
         lag = o.async_steps + o.sync_every - 1
-        if bound is not None and self.online.steps and lag > bound:
+        if bound is not None and o.steps and lag > bound:
             raise ValueError(f"loss.max_staleness={bound} is below the lag the schedule gives online rows "
                              f"(online.async_steps + online.sync_every - 1 = {lag}), so whole steps would train on "
                              f"nothing; set loss.max_staleness >= {lag}, or lower async_steps or sync_every")

@@ -37,8 +37,8 @@ class MetricsLog:
         self.path = Path(out_dir) / "metrics.jsonl"
         self.console, self.every, self.enabled = console, every, enabled
         self.history = self._start(keep_lines) if enabled else []
-        self._backends = [_open_backend(b, Path(out_dir), run_name, config or {}) for b in backends or []
-                          if enabled]
+        self._backends = [_open_backend(b, Path(out_dir), run_name, config or {})
+                          for b in backends or []] if enabled else []
 
     @property
     def lines(self) -> int:

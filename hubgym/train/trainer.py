@@ -127,11 +127,10 @@ class Trainer:
             log.log(step, metrics)
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.total_steps:
                 self._evaluate(step + 1, log)
-            if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0:
+            if self._checkpoint_due(step):
                 self._checkpoint(step)
         steps = cfg.total_steps
-        saved_in_loop = cfg.checkpoint_every and steps % cfg.checkpoint_every == 0
-        if start < steps and not saved_in_loop:
+        if start < steps and not self._checkpoint_due(steps - 1):  # else the loop saved the last step already
             self._checkpoint(steps - 1)
         exported = self.policy.export_hf(self.out / "model")
         after = self._evaluate(steps, log)
@@ -152,7 +151,8 @@ class Trainer:
         cfg, wanted = self.cfg, self.cfg.batch.groups_per_step
         if step < cfg.offline.steps:
             groups = self._take(offline, wanted)
-            rows, self.offline_read = self.offline_read, []  # every row read, so zero-variance groups count too
+            rows = list(self.offline_read)  # every row read, so zero-variance groups count too
+            self.offline_read.clear()
             return groups, rows
         from_store = round(wanted * cfg.online.offline_fraction) if cfg.offline.sources else 0
         if (step - cfg.offline.steps) % cfg.online.sync_every == 0:
@@ -168,7 +168,7 @@ class Trainer:
         stale, lag = mask_stale(fresh, step, cfg.loss.max_staleness)  # stored groups are never "stale"
         self.online_metrics.update({"policy/stale_count": stale, "policy/staleness_max": lag})
         stored = self._take(offline, from_store)
-        self.offline_read = []  # the env metrics of online steps are those of the policy's own rows
+        self.offline_read.clear()  # the env metrics of online steps are those of the policy's own rows
         return fresh + stored, rows
 
     def _plan_rollouts(self, step: int, producer, groups: int) -> None:
@@ -245,7 +245,7 @@ class Trainer:
             epoch = 0
             while sources:
                 stream = GroupStream([iter_rollouts([s], hub=self.hub) for s in sources], self.group_settings(),
-                                     self.weights, seed=self.cfg.seed + epoch, on_row=self._read_offline)
+                                     self.weights, seed=self.cfg.seed + epoch, on_row=self.offline_read.append)
                 produced = False
                 for group in stream:
                     produced = True
@@ -260,11 +260,8 @@ class Trainer:
         iterator = groups()
         for _ in range(skip):
             next(iterator)
-        self.offline_read = []  # rows of steps trained before the checkpoint
+        self.offline_read.clear()  # rows of steps trained before the checkpoint
         return iterator
-
-    def _read_offline(self, row: dict) -> None:
-        self.offline_read.append(row)
 
     def _take(self, offline: Iterator[Group], count: int) -> list[Group]:
         if count <= 0 or not self.cfg.offline.sources:
@@ -322,6 +319,10 @@ class Trainer:
                            max_model_len=self.cfg.online.max_model_len, hub=self.hub, trust=self.trust)
         log.log(step, metrics)
         return metrics
+
+    def _checkpoint_due(self, step: int) -> bool:
+        """Whether the loop saves a checkpoint after `step` (every `checkpoint_every` steps)."""
+        return bool(self.cfg.checkpoint_every) and (step + 1) % self.cfg.checkpoint_every == 0
 
     def _checkpoint(self, step: int) -> None:
         from hubgym.train.checkpoint import save_checkpoint
