@@ -106,7 +106,8 @@ def test_tool_shaping_is_capped_at_max_calls(calls, shaping):
 def test_failed_calls_and_other_tools_earn_nothing():
     failed = _calls(3, content="Error: ValueError: division by zero")
     score = VERIFIER.score(_task(), [*failed, assistant("<answer>1</answer>")])
-    assert score.reward == 0.0 and score.components == {"correct": 0.0, "tool_used": 0.0, "tool_calls": 0.0}
+    assert score.reward == 0.0 and score.components == {"answer_found": 1.0, "correct": 0.0, "tool_used": 0.0,
+                                                   "tool_calls": 0.0}
     mixed = [*failed, *_calls(1), assistant("<answer>56088</answer>")]
     assert VERIFIER.score(_task(), mixed).components["tool_calls"] == pytest.approx(0.1)
     other = _calls(2, tool="python")  # only the offered (shaped) tool earns shaping

@@ -165,4 +165,5 @@ def test_extraction_priority_and_final_turn():
     assert gv.extract("no numbers") is None
     completion = [assistant("<answer>18</answer>"), assistant(None, [tool_call("c1", "calculator", "{}")])]
     assert gv.correct(_task("18"), completion) == 1.0  # a trailing tool call is not the final answer
-    assert VERIFIER.score(_task("18"), [assistant("18")]).components == {"correct": 1.0, "formatted": 0.0}
+    assert VERIFIER.score(_task("18"), [assistant("18")]).components == {"answer_found": 1.0, "correct": 1.0,
+                                                                          "formatted": 0.0}

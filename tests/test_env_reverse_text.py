@@ -83,7 +83,8 @@ def test_answer_is_the_tag_else_the_whole_reply():
     assert rv.answer_of([assistant(TARGET), assistant(None, [tool_call("c1", "python", "{}")])]) == TARGET
     score = VERIFIER.score(_task(), [assistant(f"The reversed text is {TARGET}")])
     assert 0.0 < score.reward < 1.0 and score.components["exact"] == 0.0 and score.components["formatted"] == 0.0
-    assert VERIFIER.score(_task(), [assistant(TARGET)]).components == {"reversal": 1.0, "exact": 1.0, "formatted": 0.0}
+    assert VERIFIER.score(_task(), [assistant(TARGET)]).components == {
+        "answer_found": 1.0, "reversal": 1.0, "exact": 1.0, "formatted": 0.0}
     assert _score("") == 0.0 and _score("<reversed></reversed>") == 0.0
 
 

@@ -103,3 +103,65 @@ def test_tool_call_shaping_counts_successful_calls_up_to_cap(tmp_path):
     failed = tool_result("Error: InvalidJSON: bad", "c", "calculator")
     assert v.score(task, [ok, failed]).components["tool_calls"] == pytest.approx(0.1)
     assert v.score(task, [ok, ok, ok]).reward == pytest.approx(0.2)
+
+
+PARSER = """
+    def parse_answer(task, completion):
+        return completion[-1]["content"].partition("ANSWER:")[2] or None
+    def correct(task, completion):
+        return float((parse_answer(task, completion) or "").strip() == task["info"]["answer"])
+    REWARDS = {correct: 1.0}
+"""
+
+
+@pytest.mark.parametrize("reply, found, reward", [("ANSWER: 7", 1.0, 1.0), ("ANSWER: 8", 1.0, 0.0),
+                                                  ("ANSWER:   ", 0.0, 0.0), ("seven", 0.0, 0.0)])
+def test_parse_answer_is_a_weight_zero_component(tmp_path, reply, found, reward):
+    score = _load(tmp_path, PARSER).score(TASK, [assistant(reply)])
+    assert score.components == {"answer_found": found, "correct": reward} and score.reward == reward
+
+
+def test_parse_answer_stays_on_the_row_when_a_reward_raises(tmp_path):
+    v = _load(tmp_path, PARSER.replace('task["info"]["answer"]', 'task["info"]["missing"]'))
+    score = v.score(TASK, [assistant("ANSWER: 7")])
+    assert score.reward is None and score.error["type"] == "KeyError" and score.components == {"answer_found": 1.0}
+
+
+@pytest.mark.parametrize("source, field, message", [
+    (PARSER.replace("return completion[-1]", "return 7 or completion[-1]"), None,
+     "parse_answer returned 7; it must return the answer text or None"),
+    ("def parse_answer(task):\n    return 'x'\ndef r(t, c):\n    return 1.0\nREWARDS = {r: 1.0}\n", "parse_answer",
+     "is not a function of (task, completion)"),
+    ("def answer_found(t, c):\n    return 1.0\nREWARDS = {answer_found: 0.0}\n", "REWARDS",
+     "REWARDS has a function named 'answer_found', a component name hubgym reserves"),
+])
+def test_a_bad_parse_answer_is_a_load_error_or_a_row_error(tmp_path, source, field, message):
+    if field is None:  # what it returns is only known when it runs: an error on the row, like a bad reward
+        score = _load(tmp_path, textwrap.dedent(source)).score(TASK, [assistant("x")])
+        assert score.reward is None and score.error["type"] == "TypeError" and score.error["message"] == message
+        return
+    with pytest.raises(VerifierLoadError) as err:
+        _load(tmp_path, source)
+    assert message in str(err.value) and err.value.where.field == field and err.value.fix
+
+
+@pytest.mark.parametrize("env, no_answer", [("arithmetic", "I do not know."), ("gsm8k", "No idea, sorry."),
+                                            ("calc_tools", "<answer>3 or 4</answer>"), ("reverse_text", "   ")])
+def test_builtin_parsers_record_answer_found_and_change_no_reward(env, no_answer):
+    import inspect
+    from pathlib import Path
+
+    from hubgym.builders.registry import resolve_env
+    from hubgym.verifiers.golden import load_golden
+
+    builder = resolve_env(env)
+    verifier = builder.verifier()
+    missing = verifier.score(make_task(env, [user("q")], {"answer": "7", "target": "abc"}), [assistant(no_answer)])
+    assert missing.components["answer_found"] == 0.0 and missing.reward == 0.0
+    cases = load_golden(Path(inspect.getfile(builder)).parent / builder.GOLDEN, env)
+    for case in (c for c in cases if c.completion is not None):
+        score = verifier.score(case.task, case.completion)
+        weighted = sum(w * score.components[n] for n, (_, w) in verifier.rewards.items())
+        assert score.reward == pytest.approx(case.reward) == pytest.approx(weighted + score.components.get("tool_calls", 0))
+        assert score.components["answer_found"] == float(bool((verifier.parse_answer(case.task, case.completion) or "").strip()))
+    assert {c.components["answer_found"] for c in (verifier.score(c.task, c.completion) for c in cases)} == {0.0, 1.0}

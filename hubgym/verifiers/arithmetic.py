@@ -6,9 +6,14 @@ from hubgym.schemas import Message, Task
 from hubgym.verifiers.rewards import extract_answer, extract_tag, final_text
 
 
+def parse_answer(task: Task, completion: list[Message]) -> str | None:
+    """The <answer> tag, else \\boxed{}, else the last number of the final reply; None when there is none."""
+    return extract_answer(final_text(completion))
+
+
 def correct(task: Task, completion: list[Message]) -> float:
     """1.0 when the answer equals the expression's value."""
-    answer = extract_answer(final_text(completion))
+    answer = parse_answer(task, completion)
     try:
         return float(answer is not None and float(answer) == float(task["info"]["answer"]))
     except ValueError:

@@ -34,10 +34,16 @@ def parse_integer(answer: str | None) -> Decimal | None:
         return None
 
 
+def parse_answer(task: Task, completion: list[Message]) -> str | None:
+    """The final reply's single number ("56088"); None when it has none or several."""
+    value = parse_integer(extract_answer(final_text(completion)))
+    return None if value is None else str(value)
+
+
 def correct(task: Task, completion: list[Message]) -> float:
     """1.0 when the answer equals info.answer exactly."""
-    value = parse_integer(extract_answer(final_text(completion)))
-    return float(value is not None and value == Decimal(task["info"]["answer"]))
+    answer = parse_answer(task, completion)
+    return float(answer is not None and Decimal(answer) == Decimal(task["info"]["answer"]))
 
 
 def tool_used(task: Task, completion: list[Message]) -> float:

@@ -7,6 +7,11 @@ A verifier module declares
     SUCCESS_THRESHOLD = 1.0                                 # optional; a rollout with reward >= it succeeded
                                                             # (default: the top of REWARD_RANGE)
 
+optionally the answer parser that the rewards use (a reply where it finds none is an
+answer-format failure; `hubgym report` shows their share as `no_answer`):
+
+    def parse_answer(task, completion) -> str | None        # None (or blank): no answer found
+
 and, for multi_turn environments, the MDP:
 
     def reset(task) -> (state, observation)
@@ -14,7 +19,9 @@ and, for multi_turn environments, the MDP:
 
 where `state` is JSON data. The total reward is the weighted sum of REWARDS, plus the summed
 step rewards (component "steps") for multi_turn, plus per-call tool shaping (component
-"tool_calls") when the task's interaction spec has `tool_rewards`.
+"tool_calls") when the task's interaction spec has `tool_rewards`. A verifier with
+`parse_answer` also gets the weight-0 component "answer_found" (1.0 or 0.0): it is stored on
+every scored row and never changes a reward.
 
 Pure means deterministic, no network, no filesystem writes, no global state: a stored
 rollout can be re-scored and replayed anywhere, forever. A verifier exception is never a
@@ -28,6 +35,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +52,8 @@ State = Any  # JSON-serializable
 RewardFn = Callable[[Task, list[Message]], float]
 ResetFn = Callable[[Task], tuple[State, str]]
 StepFn = Callable[[Task, State, str], tuple[State, str, float, bool]]
+ParseFn = Callable[[Task, list[Message]], str | None]
+ANSWER_FOUND = "answer_found"  # reserved component: weight 0, set from parse_answer
 
 
 @dataclass(frozen=True)
@@ -95,16 +105,19 @@ def actions_of(completion: list[Message]) -> list[str]:
 class Verifier:
     """A loaded, validated verifier module."""
 
-    def __init__(self, module: ModuleType, env: str | None = None):
+    def __init__(self, module: ModuleType, env: str | None = None, *, source: bytes | None = None):
         self.module = module
         self.name = module.__name__
         self.env = env
         self.source_path = Path(inspect.getsourcefile(module) or "")
-        self.sha256 = hashlib.sha256(self.source_path.read_bytes()).hexdigest() if self.source_path.is_file() else ""
+        if source is None and self.source_path.is_file():
+            source = self.source_path.read_bytes()
+        self.sha256 = hashlib.sha256(source).hexdigest() if source is not None else ""  # of the bytes that ran
         self.reset: ResetFn | None = getattr(module, "reset", None)
         self.step: StepFn | None = getattr(module, "step", None)
         _check_mdp(module, env, self.reset, self.step)
         self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
+        self.parse_answer: ParseFn | None = _read_parser(module, env, self.rewards)
         self.reward_range: tuple[float, float] = _read_range(module, env)
         self.success_threshold = float(getattr(module, "SUCCESS_THRESHOLD", self.reward_range[1]))
 
@@ -135,6 +148,8 @@ class Verifier:
         components: dict[str, float] = {}
         total = 0.0
         try:
+            if self.parse_answer is not None:  # first, so a reward that raises still leaves it on the row
+                components[ANSWER_FOUND] = _answer_found(self.parse_answer(task, completion))
             for name, (fn, weight) in self.rewards.items():
                 components[name] = _as_reward(fn(task, completion), name)
                 total += weight * components[name]
@@ -154,6 +169,24 @@ def _as_reward(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"reward function {name!r} returned {value!r}; it must return a finite float")
     return float(value)
+
+
+def _answer_found(answer: Any) -> float:
+    if answer is not None and not isinstance(answer, str):
+        raise TypeError(f"parse_answer returned {answer!r}; it must return the answer text or None")
+    return float(bool(answer and answer.strip()))
+
+
+def _read_parser(module: ModuleType, env: str | None, rewards: dict) -> ParseFn | None:
+    fn = getattr(module, "parse_answer", None)
+    if ANSWER_FOUND in rewards:
+        raise VerifierLoadError(f"REWARDS has a function named {ANSWER_FOUND!r}, a component name hubgym reserves",
+                                Where(env=env, field="REWARDS"), "rename that reward function")
+    if fn is not None and (not callable(fn) or len(inspect.signature(fn).parameters) != 2):
+        raise VerifierLoadError(f"parse_answer {fn!r} is not a function of (task, completion)",
+                                Where(env=env, field="parse_answer"),
+                                "define `def parse_answer(task, completion) -> str | None`")
+    return fn
 
 
 def _read_rewards(module: ModuleType, env: str | None) -> dict[str, tuple[RewardFn, float]]:
@@ -193,28 +226,38 @@ def _check_mdp(module: ModuleType, env: str | None, reset, step) -> None:
                                     "use reset(task) and step(task, state, action)")
 
 
-def load_verifier(ref: str | ModuleType, *, relative_to: Path | None = None, env: str | None = None) -> Verifier:
-    """Load a verifier from a module, a dotted module name, or a `.py` path (relative to `relative_to`)."""
+def load_verifier(ref: str | ModuleType, *, relative_to: Path | None = None, env: str | None = None,
+                  source: bytes | None = None) -> Verifier:
+    """Load a verifier from a module, a dotted module name, or a `.py` path (relative to `relative_to`).
+
+    A `.py` path is read once and those bytes are what runs and what `sha256` hashes; a caller that
+    already read and checked them (a pinned hub verifier) passes them as `source`. The path keeps its
+    symlinks: the Hugging Face cache links `snapshots/<commit>/verifier.py` to `blobs/<sha>`, and the
+    module keeps the `.py` name it was given.
+    """
     if isinstance(ref, ModuleType):
         return Verifier(ref, env)
     if ref.endswith(".py"):
         path = (relative_to / ref) if relative_to and not Path(ref).is_absolute() else Path(ref)
-        return Verifier(_import_file(path.resolve()), env)
+        path = Path(os.path.abspath(path))  # absolute, without resolving links (see above)
+        source = path.read_bytes() if source is None else source
+        return Verifier(_import_source(path, source), env, source=source)
     return Verifier(importlib.import_module(ref), env)
 
 
-def _import_file(path: Path) -> ModuleType:
-    """Import a module from a file under a name derived from its path (stable, collision-free)."""
-    name = f"hubgym_user_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:10]}"
+def _import_source(path: Path, source: bytes) -> ModuleType:
+    """Run `source` as the module of file `path`, under a name derived from the path and the bytes (stable,
+    collision-free: the same file with other contents is another module)."""
+    digest = hashlib.sha256(str(path).encode() + b"\0" + source).hexdigest()[:16]
+    name = f"hubgym_user_{path.stem}_{digest}"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise VerifierLoadError(f"cannot import {path}", Where(field=str(path)), "give a path to a .py file")
-    module = importlib.util.module_from_spec(spec)
+    code = compile(source, str(path), "exec")  # a SyntaxError here is the one importing the file would raise
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=str(path)))
+    module.__file__ = str(path)
     sys.modules[name] = module
     try:
-        spec.loader.exec_module(module)
+        exec(code, module.__dict__)
     except BaseException:  # a half-run module must not be found by the next attempt
         del sys.modules[name]
         raise

@@ -30,9 +30,14 @@ def candidates(answer: str) -> list[str]:
     return [answer] + ([numbers[0].replace(",", "")] if len(numbers) == 1 else [])
 
 
+def parse_answer(task: Task, completion: list[Message]) -> str | None:
+    """The final reply's answer (see `extract`); None when it has none."""
+    return extract(final_text(completion))
+
+
 def correct(task: Task, completion: list[Message]) -> float:
     """1.0 when the extracted answer is mathematically equal to the gold number."""
-    answer = extract(final_text(completion))
+    answer = parse_answer(task, completion)
     if answer is None:
         return 0.0
     return float(any(math_equal(c, task["info"]["answer"]) for c in candidates(answer)))

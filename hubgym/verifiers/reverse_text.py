@@ -20,6 +20,11 @@ def answer_of(completion: list[Message]) -> str:
     return tagged if tagged is not None else text.strip()
 
 
+def parse_answer(task: Task, completion: list[Message]) -> str | None:
+    """The answer as scored; None for an empty reply (the whole reply counts when it has no tag)."""
+    return answer_of(completion) or None
+
+
 def reversal(task: Task, completion: list[Message]) -> float:
     """Normalized Levenshtein similarity to info.target, in [0, 1]."""
     return similarity(answer_of(completion), task["info"]["target"])
