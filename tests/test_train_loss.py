@@ -202,7 +202,7 @@ def test_token_logprobs_match_a_full_log_softmax():
 
 
 def test_settings_are_validated():
-    with pytest.raises(ConfigError, match="loss.variant is 'ppo'"):
+    with pytest.raises(ConfigError, match="loss.variant: Input should be 'grpo', 'dr_grpo' or 'dapo'"):
         LossSettings(variant="ppo")
     with pytest.raises(ConfigError, match="loss.is_cap=0.5 must be >= 1"):
         LossSettings(is_cap=0.5)

@@ -64,7 +64,8 @@ class Sampling(Section):
 
 class Grpo(Section):
     n: int = Field(8, ge=2, description="samples per task (group size)")
-    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: (r-mean)/std; dr_grpo: r-mean")
+    advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: (r-mean)/std; dr_grpo: r-mean "
+                                                  "(loss.variant dr_grpo implies dr_grpo)")
     zero_variance: Literal["drop", "downweight", "keep"] = Field("drop", description="groups whose rewards are all equal")
     zero_variance_weight: float = Field(0.1, ge=0, description="with 'downweight', how much a zero-variance "
                                         "sequence counts in the loss's divisors (keep = 1, drop = 0)")
@@ -76,11 +77,13 @@ class Grpo(Section):
 
 class Loss(Section):
     variant: Literal["grpo", "dr_grpo", "dapo"] = Field("grpo", description="aggregation: per-sequence mean (grpo), "
-                                                         "sum / (sequences x max_len) (dr_grpo), token mean (dapo)")
-    epsilon_low: float = Field(0.2, ge=0, description="lower clip of the policy ratio")
+                                                         "sum / (sequences x max_tokens) with advantages not divided "
+                                                         "by the group std (dr_grpo), token mean (dapo)")
+    epsilon_low: float = Field(0.2, ge=0, lt=1, description="lower clip of the policy ratio, at 1 - epsilon_low")
     epsilon_high: float = Field(0.28, ge=0, description="upper clip of the policy ratio (clip-higher)")
     beta: float = Field(0.0, ge=0, description="KL to the reference (initial) model; 0 = no reference model")
-    is_cap: float = Field(2.0, gt=0, description="cap of the truncated importance weight vs behaviour logprobs")
+    is_cap: float = Field(2.0, ge=1, description="cap of the importance weight vs behaviour logprobs; below 1 "
+                          "it would cap the on-policy tokens too")
     max_staleness: int | None = Field(None, ge=0, description="mask online rows sampled more than this many "
                                       "policy versions ago (stored rows are never masked)")
 
@@ -156,6 +159,19 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _dr_grpo_has_no_std(self) -> TrainConfig:
+        """Dr. GRPO removes both the length normalization and the std scaling: loss.variant dr_grpo implies
+        grpo.advantage dr_grpo, and an explicit mix of the two is refused."""
+        if self.loss.variant != "dr_grpo":
+            return self
+        if "advantage" in self.grpo.model_fields_set and self.grpo.advantage != "dr_grpo":
+            raise ValueError(f"loss.variant=dr_grpo leaves the group std out of the advantages (Dr. GRPO), but "
+                             f"grpo.advantage={self.grpo.advantage} divides by it; leave grpo.advantage unset (the "
+                             f"variant implies dr_grpo), or choose loss.variant grpo or dapo to keep the std")
+        self.grpo.advantage = "dr_grpo"
+        return self
+
+    @model_validator(mode="after")
     def _offline_needs_sources(self) -> TrainConfig:
         """Stored-rollout steps or a stored share of online steps with nothing to read would train on nothing."""
         if not self.offline.sources and (self.offline.steps or self.online.offline_fraction):
@@ -185,9 +201,49 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise ConfigError(f"invalid training config{f' {path}' if path else ''}: {problems}") from None
+        raise ConfigError(f"invalid training config{f' {path}' if path else ''}: {_problems(exc)}") from None
+
+
+def validate_options(section: str, **values: Any) -> None:
+    """Check option values against the config's rules, the one place they live; for settings built without a
+    config file (LossSettings...). `section` names the config section: validate_options("loss", is_cap=0.5)."""
+    model = TrainConfig.model_fields[section].annotation
+    try:
+        model.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError(_problems(exc, prefix=f"{section}.")) from None
+
+
+BOUNDS = {"greater_than_equal": ("ge", ">=", "{} or more"), "greater_than": ("gt", ">", "a value above {}"),
+          "less_than_equal": ("le", "<=", "{} or less"), "less_than": ("lt", "<", "a value below {}")}
+
+
+def _problems(exc: ValidationError, prefix: str = "") -> str:
+    """One clause per problem; a value out of range gets the value, the invariant and the fix."""
+    problems = []
+    for e in exc.errors():
+        key = prefix + ".".join(map(str, e["loc"]))
+        if e["type"] in BOUNDS:
+            name, op, fix = BOUNDS[e["type"]]
+            limit = f"{e['ctx'][name]:g}"
+            field = _field(key)
+            why = f" ({field.description})" if field is not None and field.description else ""
+            problems.append(f"{key}={e['input']!r} must be {op} {limit}; set it to {fix.format(limit)}{why}")
+        else:
+            problems.append(f"{key + ': ' if key else ''}{e['msg'].removeprefix('Value error, ')}")
+    return "; ".join(problems)
+
+
+def _field(key: str):
+    """The pydantic field of a dotted option name, or None (list items, unknown keys)."""
+    model: Any = TrainConfig
+    *parents, leaf = key.split(".")
+    for part in parents:
+        field = model.model_fields.get(part) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return None
+        model = field.annotation
+    return model.model_fields.get(leaf) if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def _apply_override(data: dict, item: str) -> None:

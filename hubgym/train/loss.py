@@ -29,6 +29,13 @@ So in both modes C bounds how much a token's importance weight against the sampl
 With beta > 0 and reference logprobs ref:  l_it += beta k3,  k3 = exp(ref - logp) - (ref - logp) - 1
 (Schulman's k3 estimator of KL(pi || ref): never negative, low variance).
 
+Advantages (groups.py), for the rewards R_1..R_n of one group:
+    grpo     A_i = (R_i - mean(R)) / (std(R) + 1e-6)         std: the population std of the group
+    dr_grpo  A_i = R_i - mean(R)                               no std: dividing by it up-weights groups whose
+                                                               rewards barely differ (Dr. GRPO, section 3.1)
+`loss.variant: dr_grpo` implies `grpo.advantage: dr_grpo` (the config sets it; an explicit
+`grpo.advantage: grpo` beside it is refused): Dr. GRPO removes both the length and the std normalization.
+
 Aggregation: weighted means. N = sum_i w_i over sequences with a loss token and T = sum_i w_i |o_i|
 (|o_i| = loss tokens of i) are counts of the GLOBAL batch (all micro-batches, all ranks:
 `batch.num_sequences`, `batch.num_tokens`, made by packing.py):
@@ -59,9 +66,8 @@ from dataclasses import dataclass
 import torch
 
 from hubgym.train.batch import MicroBatch
-from hubgym.train.config import ConfigError
+from hubgym.train.config import ConfigError, validate_options
 
-VARIANTS = ("grpo", "dapo", "dr_grpo")
 PROXIMAL = ("batch", "current", "none")
 
 
@@ -76,17 +82,13 @@ class LossSettings:
     proximal: str = "batch"  # batch: batch.prox_logprobs when present | current: the policy itself | none
 
     def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ConfigError(f"loss.variant is {self.variant!r}; use one of {', '.join(VARIANTS)}")
+        """The ranges are the config's (hubgym.train.config), checked there once: a value a config accepts is
+        one the loss accepts. Only `proximal` is not a config option."""
+        validate_options("loss", variant=self.variant, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
+                         beta=self.beta, is_cap=self.is_cap)
+        validate_options("sampling", max_tokens=self.dr_grpo_length)  # L is the generation budget
         if self.proximal not in PROXIMAL:
             raise ConfigError(f"loss proximal is {self.proximal!r}; use one of {', '.join(PROXIMAL)}")
-        if not (0 <= self.epsilon_low < 1 and self.epsilon_high >= 0):
-            raise ConfigError(f"loss.epsilon_low={self.epsilon_low} must be in [0, 1) and "
-                              f"loss.epsilon_high={self.epsilon_high} >= 0")
-        if self.is_cap < 1:
-            raise ConfigError(f"loss.is_cap={self.is_cap} must be >= 1 (below 1 it would cap on-policy tokens)")
-        if self.beta < 0 or self.dr_grpo_length < 1:
-            raise ConfigError(f"loss.beta={self.beta} must be >= 0 and dr_grpo_length={self.dr_grpo_length} >= 1")
 
 
 def token_logprobs(model: torch.nn.Module, batch: MicroBatch, with_entropy: bool = False,

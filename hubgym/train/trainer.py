@@ -80,10 +80,7 @@ class Trainer:
         return self._engine
 
     def group_settings(self) -> GroupSettings:
-        g = self.cfg.grpo
-        return GroupSettings(n=g.n, advantage=g.advantage, zero_variance=g.zero_variance,
-                             zero_variance_weight=g.zero_variance_weight, short_groups=g.short_groups,
-                             truncated=g.truncated, strict=g.strict, buffer_groups=self.cfg.batch.buffer_groups)
+        return group_settings(self.cfg)
 
     def env_weights(self) -> dict[str, float]:
         """Mixture weights by env name (the names rows carry), from the `envs` specs."""
@@ -99,13 +96,10 @@ class Trainer:
 
     def run(self) -> TrainResult:
         from hubgym.train.checkpoint import load_checkpoint
-        from hubgym.train.engine import DeepSpeedSettings, Policy
+        from hubgym.train.engine import Policy
 
         cfg = self.cfg
-        o = cfg.optim
-        self.policy = Policy(self.model_dir(), DeepSpeedSettings(lr=o.lr, weight_decay=o.weight_decay,
-                             max_grad_norm=o.max_grad_norm, zero_stage=o.zero_stage, bf16=o.bf16,
-                             gradient_checkpointing=o.gradient_checkpointing, seed=cfg.seed))
+        self.policy = Policy(self.model_dir(), deepspeed_settings(cfg))
         self.weights = self.env_weights()
         client = load_checkpoint(self.policy, self.out / "checkpoints")
         start = client["step"] + 1 if client else 0
@@ -216,11 +210,8 @@ class Trainer:
         if not groups:  # every group was zero-variance or short: nothing to learn from at this step
             metrics["train/empty_step"] = 1
             return metrics
-        loss_cfg = LossSettings(variant=cfg.loss.variant, epsilon_low=cfg.loss.epsilon_low,
-                                epsilon_high=cfg.loss.epsilon_high, beta=cfg.loss.beta, is_cap=cfg.loss.is_cap,
-                                dr_grpo_length=cfg.sampling.max_tokens)
         shares = pack_step(groups, cfg.batch.micro_batch_tokens, self.policy.world_size)
-        stats = self.policy.train_step(shares[self.policy.rank], make_loss_fn(loss_cfg))
+        stats = self.policy.train_step(shares[self.policy.rank], make_loss_fn(loss_settings(cfg)))
         seconds = time.perf_counter() - started
         metrics.update(stats.metrics)
         metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "policy/lr": stats.lr,
@@ -343,6 +334,30 @@ class Trainer:
     def _count(self, counts: dict[str, int]) -> None:
         for key, value in counts.items():
             self.counts[key] = self.counts.get(key, 0) + value
+
+
+def loss_settings(cfg: TrainConfig) -> LossSettings:
+    """The loss as the config sets it (L of dr_grpo is the generation budget)."""
+    c = cfg.loss
+    return LossSettings(variant=c.variant, epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, beta=c.beta,
+                        is_cap=c.is_cap, dr_grpo_length=cfg.sampling.max_tokens)
+
+
+def group_settings(cfg: TrainConfig) -> GroupSettings:
+    g = cfg.grpo
+    return GroupSettings(n=g.n, advantage=g.advantage, zero_variance=g.zero_variance,
+                         zero_variance_weight=g.zero_variance_weight, short_groups=g.short_groups,
+                         truncated=g.truncated, strict=g.strict, buffer_groups=cfg.batch.buffer_groups)
+
+
+def deepspeed_settings(cfg: TrainConfig):
+    """DeepSpeed as the config sets it (DeepSpeedSettings, imported when used: it imports torch)."""
+    from hubgym.train.engine import DeepSpeedSettings
+
+    o = cfg.optim
+    return DeepSpeedSettings(lr=o.lr, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
+                             zero_stage=o.zero_stage, bf16=o.bf16, gradient_checkpointing=o.gradient_checkpointing,
+                             seed=cfg.seed)
 
 
 def _broadcast(rows: list[dict], world_size: int) -> list[dict]:
