@@ -17,7 +17,7 @@ from hubgym.builders.base import TaskBuilder
 from hubgym.builders.build import build_files
 from hubgym.builders.registry import resolve_env
 from hubgym.catalog import count_rows
-from hubgym.cli_views import EnvSummary, failed
+from hubgym.views import EnvSummary, failed
 
 if TYPE_CHECKING:
     from hubgym.conformance import CheckResult

@@ -81,7 +81,7 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
     finally:
         trainer.close()
     with _stage(console, report, "7 report"):
-        from hubgym.cli_train import before_after_table
+        from hubgym.views import before_after_table
 
         report.before, report.after = result.before, result.after
         report.plots += [p for p in (result.plot, _eval_plot(result.before, result.after, out / "eval.png")) if p]
@@ -108,7 +108,7 @@ class _stage:
 
 
 def _check_envs(settings: DemoSettings, console: Console) -> int:
-    from hubgym import cli_views as views
+    from hubgym import views
     from hubgym.builders.registry import BUILTIN_ENVS
     from hubgym.demo import demo_env
 
@@ -158,7 +158,7 @@ def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, conso
 
 
 def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console: Console) -> str:
-    from hubgym import cli_views as views
+    from hubgym import views
     from hubgym.hub.rollouts import push_rollouts
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
 
@@ -175,7 +175,7 @@ def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console:
 
 
 def _rescore(ref: str, hub: Path, out: Path, console: Console) -> Path:
-    from hubgym import cli_views as views
+    from hubgym import views
     from hubgym.score.rescore import plot_diff, rescore
 
     result = rescore([ref], hub=str(hub), out=out / "rescored", workers=1)

@@ -1,4 +1,5 @@
-"""What the `hubgym` command shows: rich tables, failure reports, and checks run under a progress bar.
+"""What hubgym shows a person: rich tables, failure reports, progress bars. Used by the `hubgym` command and
+the main job (hubgym.pipeline) alike; it imports neither.
 
 Every cell that holds text from an env (names, messages) is a `rich.text.Text`, so brackets in
 messages such as `[env='x' split='train']` are printed as they are, never read as markup.
@@ -7,13 +8,15 @@ messages such as `[env='x' split='train']` are printed as they are, never read a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable
+from typing import TYPE_CHECKING, Optional
 
 from rich import box
 from rich.console import Console, Group
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -140,3 +143,74 @@ def frame_table(frame, title: str) -> Table:
     for row in frame.iter_rows():
         table.add_row(*(Text(f"{v:.3f}" if isinstance(v, float) else str(v)) for v in row))
     return table
+
+
+@contextmanager
+def rows_progress(console: Console, verb: str) -> Iterator[Callable[[int, Optional[int]], None]]:
+    """A rich bar fed with (rows done, total rows or None); the total shows once it is known."""
+    columns = (TextColumn(f"[bold]{verb}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]}"),
+               TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as progress:
+        bar = progress.add_task(verb, total=None, rate="")
+        started = time.perf_counter()
+
+        def advance(rows: int, total: Optional[int]) -> None:
+            done = progress.tasks[0].completed + rows
+            rate = done / max(time.perf_counter() - started, 1e-9)
+            progress.update(bar, total=total, completed=done, rate=f"{rate:,.0f} rows/s")
+
+        yield advance
+
+
+def before_after_table(before: dict[str, float], after: dict[str, float]) -> Table:
+    """eval/<env>/<metric> before and after training, one row per env and metric."""
+    table = Table("env", "metric", "before", "after", "change", title="held-out evaluation", box=None)
+    for key in sorted(after):
+        _, env, metric = key.split("/", 2)
+        old, new = before.get(key), after[key]
+        change = f"{new - old:+.3f}" if old is not None and new is not None else "-"
+        table.add_row(env, metric, _number(old), _number(new), change)
+    return table
+
+
+def _number(value: float | None) -> str:
+    """A metric no row could give (every eval rollout of the env failed) shows as '-'."""
+    return "-" if value is None else f"{value:.3f}"
+
+
+def replay_tables(report) -> list[Table]:
+    """Counts per env, then the first divergences and the first token-audit failures (20 each)."""
+    counts = Table("env", *(k.replace("_", " ") for k in report.counts()), title="replay", box=None)
+    for env in sorted({r.env for r in report.results}):
+        counts.add_row(env, *map(str, report.counts(env).values()))
+    tables = [counts]
+    if report.diverged:
+        table = Table("rollout", "env", "turn", "field", "stored", "replayed", title="first divergences", box=None)
+        for r in report.diverged[:20]:
+            d = r.divergence
+            table.add_row(r.rollout_id, r.env, str(d.turn), d.field, *_where_they_differ(d.stored, d.replayed))
+        tables.append(table)
+    if report.token_failures:
+        table = Table("rollout", "env", "token", "turn", "part", "stored", "template renders",
+                      title="token audit: first token the chat template does not produce", box=None)
+        for r in report.token_failures[:20]:
+            a = r.audit
+            table.add_row(r.rollout_id, r.env, f"{a.index}/{a.tokens}", str(a.turn), a.part, _near(a.stored),
+                          _near(a.rendered))
+        tables.append(table)
+    return tables
+
+
+def _where_they_differ(stored, replayed, width: int = 24) -> tuple[str, str]:
+    """Two values as short reprs; two texts cut to where they part ways (long observations share a head)."""
+    if not (isinstance(stored, str) and isinstance(replayed, str)):
+        return repr(stored), repr(replayed)
+    at = next((i for i, (a, b) in enumerate(zip(stored, replayed)) if a != b), min(len(stored), len(replayed)))
+    return tuple(_near(text[:at] + "⟨here⟩" + text[at:], width) for text in (stored, replayed))
+
+
+def _near(text: str, width: int = 24) -> str:
+    """`width` characters each side of the ⟨here⟩ mark, as a repr (newlines and specials stay visible)."""
+    head, _, tail = text.partition("⟨here⟩")
+    return ("…" if len(head) > width else "") + repr(head[-width:] + "⟨here⟩" + tail[:width]) + (
+        "…" if len(tail) > width else "")

@@ -1,0 +1,23 @@
+"""The `hubgym` command: one module per command group, each a thin layer over library calls.
+
+    hubgym envs | init | build | check | push          hubgym.cli.envs      (environments)
+    hubgym rollout | report | push-rollouts            hubgym.cli.rollouts  (sampling and stored rollouts)
+    hubgym score | replay                              hubgym.cli.score     (re-scoring and replay)
+    hubgym train                                       hubgym.cli.train     (GRPO)
+    hubgym demo                                        hubgym.cli.demo      (the main job, hubgym.pipeline)
+
+Tables and progress bars come from hubgym.views, which the main job uses too; nothing below the CLI
+imports it.
+"""
+
+from hubgym.cli.app import app
+
+# Each module registers its commands on `app`, in the order `hubgym --help` lists them.
+from hubgym.cli import envs, rollouts, score, train, demo  # noqa: E402,F401,I001
+
+__all__ = ["app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point (`hubgym`, `python -m hubgym`)."""
+    app()

@@ -1,0 +1,59 @@
+"""The typer app every command registers on, and what all commands share: the console and one-line errors.
+
+User errors (an unknown env, a bad name, a builder that breaks the contract, a bad stored file) print
+one red message and exit with code 1; a traceback means a bug in hubgym or in the env's code.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any, Callable, NoReturn
+
+import typer
+from rich.console import Console
+from rich.text import Text
+
+from hubgym.errors import HubgymError
+
+app = typer.Typer(name="hubgym", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="RL environments for language models as plain data: build, check, push, sample, score, train.")
+
+HUB_HELP = "'hf', a Hub-API URL, or a local hub folder [default: $HUBGYM_HUB, else ~/.cache/hubgym/hub]"
+
+
+def console(stderr: bool = False) -> Console:
+    """A console on the current stream; piped output (CI logs, files) renders 160 wide instead of rich's 80."""
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 160
+    return Console(stderr=stderr, width=width)
+
+
+def fail(message: str) -> NoReturn:
+    console(stderr=True).print(Text.assemble(("error: ", "bold red"), (message, "red")), soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Show hubgym errors and failed dataset builds (with the builder's own error) as one red line."""
+    from datasets.exceptions import DatasetGenerationError
+
+    from hubgym.views import error_text
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except (HubgymError, DatasetGenerationError) as exc:
+            fail(error_text(exc))
+    return run
+
+
+@app.callback()
+def _quiet_datasets() -> None:
+    """datasets' own progress bars and logs would interleave with ours."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()

@@ -1,0 +1,124 @@
+"""`hubgym rollout`, `report` and `push-rollouts`: sample rollouts into shards, summarize them, upload them.
+
+    hubgym rollout arithmetic:easy wordle --limit 8 --n 4 --out runs/r1
+    hubgym report runs/r1
+    hubgym push-rollouts runs/r1 me/rollouts --hub hubs/local
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.text import Text
+
+from hubgym import views
+from hubgym.cli.app import HUB_HELP, app, console, user_errors
+
+
+class EngineKind(str, Enum):
+    vllm = "vllm"
+    openai = "openai"
+
+
+@app.command()
+@user_errors
+def rollout(
+    envs: Annotated[list[str], typer.Argument(help="ENV or ENV:CONFIG (name, versioned id or folder), one or more")],
+    model: Annotated[str, typer.Option(help="model folder (or name served at --base-url); 'tiny' makes a tiny "
+                                            "local model")] = "tiny",
+    engine: Annotated[EngineKind, typer.Option(help="vllm: offline engine in this process; openai: a server")]
+    = EngineKind.vllm,
+    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")]
+    = None,
+    mode: Annotated[str, typer.Option(help="openai engine: 'tokens' (token-in), 'chat' (server renders, native tool "
+                                           "calls) or 'chat_tokens' (token-in with native tool calls)")]
+    = "tokens",
+    n: Annotated[int, typer.Option(min=1, help="samples per task (one GRPO group)")] = 4,
+    limit: Annotated[Optional[int], typer.Option(min=1, help="tasks per env [default: the whole split]")] = None,
+    split: Annotated[str, typer.Option(help="split to sample tasks from")] = "test",
+    out: Annotated[Path, typer.Option(help="run folder (re-running resumes)")] = Path("runs/rollout"),
+    max_tokens: Annotated[int, typer.Option(min=1, help="tokens per turn")] = 128,
+    temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    seed: Annotated[int, typer.Option()] = 0,
+    max_model_len: Annotated[int, typer.Option(min=16, help="context length")] = 4096,
+    shard_index: Annotated[int, typer.Option(min=0, help="this worker's index")] = 0,
+    num_shards: Annotated[int, typer.Option(min=1, help="number of workers splitting the tasks")] = 1,
+    hub: Annotated[Optional[str], typer.Option(help="where org/name@revision envs load from and --push goes: 'hf', "
+                                                    "a Hub-API URL or a local hub folder [default: $HUBGYM_HUB]")]
+    = None,
+    trust: Annotated[bool, typer.Option(help="run hub envs' verifiers unpinned")] = False,
+    pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
+                                                          "(repeatable)")] = None,
+    push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
+                                                     "(org/name; the run id is the config)")] = None,
+) -> None:
+    """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
+    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
+    from hubgym.rollout.tiny_model import default_tiny_model
+
+    config = RolloutConfig(envs=envs, model=str(default_tiny_model()) if model == "tiny" else model, out=str(out),
+                           engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
+                           sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
+                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards, hub=hub,
+                           trust=trust, pins=_pins(pin or []))
+    try:
+        summary = run_rollouts(config)
+    except KeyboardInterrupt:
+        console(stderr=True).print(f"[yellow]interrupted: the rollouts stored in {out} stay; the same command resumes "
+                                    f"(no rollout sampled twice or left out)")
+        raise typer.Exit(130)
+    console().print(views.frame_table(summarize(scan_rollouts([out])), title=f"run {summary.run_id}: {out}"))
+    console().print(Text(f"{summary.written} rollouts written ({summary.skipped} already stored) in "
+                          f"{summary.seconds:.1f}s, {summary.generated_tokens / max(summary.seconds, 1e-9):,.0f} "
+                          f"generated tokens/s; shards in {out / 'shards'}"))
+    if push:
+        from hubgym.hub.rollouts import push_rollouts
+
+        pushed = push_rollouts(out, push, hub=hub, progress=True)
+        console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
+                              f"rollouts -> {pushed.ref}"))
+
+
+def _pins(pins: list[str]) -> dict[str, str]:
+    """--pin REPO=sha256:<hex> (repeatable) -> {repo: pin}."""
+    out = {}
+    for item in pins:
+        repo, eq, value = item.partition("=")
+        if not eq or "/" not in repo:
+            raise typer.BadParameter(f"--pin {item!r}: write REPO=sha256:<hex>, e.g. org/arith=sha256:9f2c... (the "
+                                     f"refusal message of an unpinned run shows the sha256)")
+        out[repo.split("@")[0]] = value
+    return out
+
+
+@app.command("report")
+@user_errors
+def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard files or run folders")],
+                    plot: Annotated[Optional[Path], typer.Option(help="PNG of rewards per env "
+                                                                 "[default: SOURCE/rewards.png]")] = None) -> None:
+    """Summarize stored rollouts per env (rewards, pass@1/pass@k, turns, truncation, tools, errors) + a PNG."""
+    from hubgym.rollout import plot_rewards, scan_rollouts, summarize
+
+    rollouts = scan_rollouts(sources)
+    console().print(views.frame_table(summarize(rollouts), title=f"rollouts in {', '.join(map(str, sources))}"))
+    target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
+    console().print(Text(f"plot: {plot_rewards(rollouts, target)}"))
+
+
+@app.command("push-rollouts")
+@user_errors
+def push_rollouts(run: Annotated[Path, typer.Argument(help="run folder written by `hubgym rollout`")],
+                  repo: Annotated[str, typer.Argument(help="rollout dataset repo, e.g. my-org/rollouts")],
+                  name: Annotated[Optional[str], typer.Option(help="config name of the run [default: run id]")] = None,
+                  hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None) -> None:
+    """Upload a run's shards as one config of a rollout repo (validated, resumable, one card for all runs)."""
+    from hubgym.hub.rollouts import push_rollouts as push
+
+    result = push(run, repo, hub=hub, name=name, progress=True)
+    console().print(Text(f"{result.rows} rollouts in {result.uploaded} new shard(s) ({result.skipped} already there) "
+                          f"-> {result.ref}"))
+    console().print(Text(f"stream them: load_dataset(<repo>, {result.name!r}, split='train', streaming=True) "
+                          f"or hubgym score {result.ref}"))

@@ -1,0 +1,96 @@
+"""`hubgym score` and `hubgym replay`: re-score stored rollouts, re-run their dynamics and audit their tokens.
+
+    hubgym score runs/r1 --verifier my_envs/arith_v2.py --out runs/r1-v2
+    hubgym replay runs/r1 --model MODEL_DIR      # re-run multi_turn dynamics, audit tokens against the template
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from hubgym import views
+from hubgym.cli.app import HUB_HELP, app, console, user_errors
+
+
+@app.command()
+@user_errors
+def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard files or org/name\\[@rev]\\[:RUN]")],
+          verifier: Annotated[Optional[list[str]], typer.Option(
+              help="[ENV=]MODULE: a verifier module (.py file or import name) for the rows of ENV (repeatable; "
+                   "ENV may be left out when the rows hold one env) \\[default: each env's current verifier]")] = None,
+          env_revision: Annotated[Optional[str], typer.Option(help="use the verifier of this hub env, "
+                                                              "org/name@revision, for the rows of its env")] = None,
+          out: Annotated[Optional[Path], typer.Option(help="write re-scored shards and a manifest here")] = None,
+          workers: Annotated[Optional[int], typer.Option(min=1, help="processes \\[default: every core, when the "
+                                                                    "work is worth a pool]")] = None,
+          plot: Annotated[Optional[Path], typer.Option(help="PNG of stored vs new rewards per env "
+                                                       "\\[default: OUT/rescore.png]")] = None,
+          hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
+          trust: Annotated[bool, typer.Option(help="run an unpinned hub verifier")] = False,
+          pin: Annotated[Optional[str], typer.Option(help="sha256:<hex> the hub verifier must have")] = None) -> None:
+    """Re-score stored rollouts with the current or another verifier; print what changed (no model, no tools)."""
+    import polars as pl
+
+    from hubgym.score.rescore import plot_diff, rescore
+
+    with views.rows_progress(console(stderr=True), "re-scoring") as advance:
+        result = rescore(sources, verifier=verifier, env_revision=env_revision, out=out, workers=workers, hub=hub,
+                         trust=trust, pin=pin, progress=advance)
+    out_console = console()
+    out_console.print(views.frame_table(result.counts, title=f"re-scored {result.rows} rows in {result.seconds:.1f} s "
+                                                         f"({result.rows_per_s:,.0f} rows/s)"))
+    diff = result.diff.with_columns(pl.col("component").replace("*", "(total)"))
+    out_console.print(views.frame_table(diff, title=f"what changed: {result.changed} of {result.rows} rows"))
+    if len(result.changes):
+        shown = result.changes.head(20)
+        out_console.print(views.frame_table(shown, title=f"changed values ({len(shown)} of {len(result.changes)})"))
+    used = Table("env", "verifier", "sha256", "from", title="verifiers used", box=None)
+    for env, spec in sorted(result.verifiers.items()):
+        used.add_row(env, spec.module, spec.sha256[:12], spec.origin)
+    out_console.print(used)
+    for unused in result.unused:
+        out_console.print(Text(f"note: {unused} matched no row; those rows kept their env's current verifier",
+                           style="yellow"))
+    if result.manifest:
+        out_console.print(Text(f"shards: {out / 'shards'}  manifest: {result.manifest}"))
+    target = plot or (out / "rescore.png" if out else None)
+    if target:
+        out_console.print(Text(f"plot: {plot_diff(result, target)}"))
+
+
+@app.command()
+@user_errors
+def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard files or hub refs org/name@REV:RUN "
+                                                      "(@REV and :RUN optional)")],
+           rollout: Annotated[Optional[str], typer.Option(help="only this rollout id")] = None,
+           model: Annotated[Optional[Path], typer.Option(help="model folder whose chat template the token audit "
+                                                         "re-applies [default: no token audit]")] = None,
+           verifier: Annotated[Optional[str], typer.Option(help="verifier module (file or import name) "
+                                                           "[default: each row's env's current verifier]")] = None,
+           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None) -> None:
+    """Re-run multi_turn dynamics from stored actions and audit tokens; exit code 1 if anything diverged."""
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from hubgym.score.replay import ReplayReport, as_renderer, iter_replay, rows_of
+
+    renderer = as_renderer(model) if model else None
+    report = ReplayReport()
+    with Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"), TimeElapsedColumn(),
+                  console=console(stderr=True)) as progress:
+        task = progress.add_task("replay", total=None)
+        for result in iter_replay(rows_of(sources, hub), rollout=rollout, renderer=renderer, verifier=verifier):
+            report.results.append(result)
+            progress.advance(task)
+    for table in views.replay_tables(report):
+        console().print(table)
+    changed = sum(r.verifier_changed for r in report.diverged)
+    if changed:
+        console().print(Text(f"{changed} diverged row(s) were made by another version of their verifier (sha256 "
+                              f"differs): the env may have changed, not the rows; pass that version with --verifier"))
+    if not report.ok:
+        raise typer.Exit(1)

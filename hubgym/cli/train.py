@@ -1,0 +1,52 @@
+"""`hubgym train`: GRPO on DeepSpeed, offline on stored rollouts, then online on fresh vLLM rollouts.
+
+    hubgym train train.yaml --set online.steps=50
+    hubgym train --options                       # every training option, its default and what it does
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+from rich.text import Text
+
+from hubgym import views
+from hubgym.cli.app import HUB_HELP, app, console, user_errors
+
+
+@app.command()
+@user_errors
+def train(config: Annotated[Optional[Path], typer.Argument(help="training config (YAML) [default: the built-in "
+                                                           "defaults]")] = None,
+          set_: Annotated[Optional[list[str]], typer.Option("--set", help="override an option, key.sub=value "
+                                                            "(repeatable)")] = None,
+          options: Annotated[bool, typer.Option("--options", help="list every option and exit")] = False,
+          hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
+          trust: Annotated[bool, typer.Option(help="run unpinned verifiers of hub envs")] = False) -> None:
+    """GRPO on DeepSpeed: stored rollouts first (offline), then fresh vLLM rollouts of the policy (online)."""
+    from hubgym.train.config import describe_options, load_config
+
+    if options:
+        table = Table("option", "default", "what it does", title="training options (YAML keys; --set key=value)")
+        for key, default, description in describe_options():
+            table.add_row(key, default, description)
+        console().print(table)
+        return
+    from hubgym.train.trainer import Trainer
+
+    cfg = load_config(config, set_ or [])
+    trainer = Trainer(cfg, console=console(), hub=hub, trust=trust)
+    try:
+        result = trainer.run()
+    except KeyboardInterrupt:  # the step being sampled is dropped; the resumed run samples it again
+        trainer.close()  # first, so the message comes after vLLM's shutdown logs
+        console(stderr=True).print(f"[yellow]interrupted: the same command resumes from the last checkpoint in "
+                                    f"{cfg.output_dir}/checkpoints")
+        raise typer.Exit(130)
+    finally:
+        trainer.close()
+    console().print(views.before_after_table(result.before, result.after))
+    console().print(Text(f"model: {result.model_dir}  metrics: {result.metrics_file}  plot: {result.plot}"))
