@@ -15,6 +15,8 @@ from hubgym.errors import EnvContractError
 ENVS = Path(__file__).parent / "broken_envs"
 SEEDED_FIX = ("Fix: make it a function of its inputs only: derive randomness from the task (e.g. "
               "random.Random(task['info']['seed'])) and keep no module-level mutable state")
+HIDDEN_STATE = ("most likely reset or step uses an unseeded random generator, the clock, or state kept outside "
+                "`state` (a module-level variable that changes as it is called)")
 PURE_FIX = ("Fix: keep scoring pure: read shipped data at import time, keep caches in memory, and return values "
             "instead of writing them (stored rollouts are re-scored anywhere, forever)")
 
@@ -77,10 +79,42 @@ BROKEN = {
         "random generator, the clock, or state kept between calls [env='random_metric' config='default' "
         f"split='train' row='{{id}}' field='verifier']. {SEEDED_FIX}"),
     "nondeterministic_step": (
-        "check_reset_step_deterministic: running golden case 'binary search finds it' twice gave different "
-        "observations at step 1 ('Lower. (hint #{...})' then 'Lower. (hint #{...})'); most likely reset or step "
-        "uses an unseeded random generator, the clock, or state kept outside `state` "
-        f"[env='nondeterministic_step' field='GOLDEN']. {SEEDED_FIX}"),
+        "check_reset_step_deterministic: running golden case 'binary search finds it' again gave different "
+        "observations at step 1 ('Lower. (hint #{...})' on a freshly imported verifier, then 'Lower. (hint #{...})' "
+        f"after 75 other steps); {HIDDEN_STATE} [env='nondeterministic_step' field='GOLDEN']. {SEEDED_FIX}"),
+    "hidden_step_counter": (
+        "check_reset_step_deterministic: running golden case 'binary search finds it' again gave different states "
+        "at step 1 ({'guesses': 1} on a freshly imported verifier, then {'guesses': 1, 'tired': True} after 75 other "
+        f"steps); {HIDDEN_STATE} [env='hidden_step_counter' field='GOLDEN']. {SEEDED_FIX}"),
+    "tool_use_without_tools": (
+        "check_interaction: the row is tool_use but offers no tools [env='tool_use_without_tools' config='default' "
+        "split='train' row='{id}' field='interaction.tools']. Fix: list its tools in hubgym.interaction('tool_use', "
+        "tools=[...]), or make it single_turn"),
+    "multi_turn_row_without_mdp": (
+        "check_interaction: the row is multi_turn but verifier 'hubgym_user_verifier_{...}' has no reset/step "
+        "[env='multi_turn_row_without_mdp' config='default' split='train' row='{id}' field='interaction.kind']. Fix: "
+        "define reset and step in the verifier, or make the row single_turn"),
+    "tool_not_in_catalog": (
+        "check_interaction: the row offers tool 'calculator', which Echo.TOOLS does not list "
+        "[env='tool_not_in_catalog' config='default' split='train' row='{id}' field='interaction.tools']. Fix: add "
+        "'calculator' to TOOLS (the env catalog lists envs by tool)"),
+    "shapes_unoffered_tool": (
+        "check_interaction: tool_rewards shapes calls to 'python', which the row does not offer "
+        "[env='shapes_unoffered_tool' config='default' split='train' row='{id}' field='interaction.tool_rewards']. "
+        "Fix: only shape tools listed in interaction.tools"),
+    "multi_turn_without_step": (
+        "check_verifier_loads: KIND is 'multi_turn' but verifier 'hubgym_user_verifier_{...}' defines no reset/step "
+        "[env='multi_turn_without_step' field='step']. Fix: define reset(task) -> (state, observation) and "
+        "step(task, state, action) -> (state, observation, reward, done)"),
+    "step_without_reset": (
+        "check_verifier_loads: verifier 'hubgym_user_verifier_{...}' defines only one of reset/step "
+        "[env='step_without_reset' field='reset']. Fix: a multi_turn verifier defines both reset(task) and "
+        "step(task, state, action)"),
+    "golden_without_interaction": (
+        "check_golden_cases: golden case 'never finds it' (golden.jsonl:2) gives actions but has no "
+        "task.interaction, so it would run as a single_turn task with max_turns 1 [env='golden_without_interaction' "
+        "field='golden.jsonl:2 task.interaction']. Fix: add \"interaction\": {\"kind\": \"multi_turn\", "
+        "\"max_turns\": N} to the case's task, with the env's max_turns"),
 }
 
 

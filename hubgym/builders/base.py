@@ -98,7 +98,7 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
 
     @classmethod
     def golden_cases(cls) -> list[GoldenCase]:
-        return load_golden(cls.source_dir() / cls.GOLDEN, env=cls.ENV)
+        return load_golden(cls.source_dir() / cls.GOLDEN, env=cls.ENV, kind=cls.KIND)
 
     @classmethod
     def config_names(cls) -> list[str]:

@@ -9,38 +9,26 @@ split, row id, field), and how to fix it. Checks never `assert` (asserts vanish 
 from __future__ import annotations
 
 import json
-import math
 import re
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterator, NoReturn
+from typing import TYPE_CHECKING, Any, Callable
 
 import datasets
 
-from hubgym.errors import EnvContractError, ToolNotFoundError, Where
+from hubgym.conformance.common import SEEDED_FIX, TOL, fail, guarded, short
+from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
+from hubgym.errors import ToolNotFoundError, Where
 from hubgym.schemas import KINDS, TASK_FEATURES, Task, task_id, validate_tasks
-from hubgym.verifiers.contract import Score, Verifier, actions_of
+from hubgym.verifiers.contract import Score, Verifier
 
 if TYPE_CHECKING:
     from hubgym.conformance.runner import Context
 
-TOL = 1e-6  # golden rewards and replayed step rewards must agree this closely
 DOC_SECTIONS = ("Task", "Row schema", "Reward", "Arguments", "Version history")
-REPLAY_ROWS = 3  # built rows per split that the reset/step check also replays the golden actions on
 _ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
 _PURE_FIX = ("keep scoring pure: read shipped data at import time, keep caches in memory, and return values "
              "instead of writing them (stored rollouts are re-scored anywhere, forever)")
-_SEEDED_FIX = ("make it a function of its inputs only: derive randomness from the task (e.g. "
-               "random.Random(task['info']['seed'])) and keep no module-level mutable state")
-
-
-def _fail(what: str, where: Where, fix: str) -> NoReturn:
-    raise EnvContractError(what, where, fix)
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # -- the builder and its tasks ---------------------------------------------------------------
@@ -50,17 +38,17 @@ def check_declaration(ctx: Context) -> None:
     cls, where = ctx.builder, ctx.where
     env = getattr(cls, "ENV", None)
     if not isinstance(env, str) or not _ENV_NAME.match(env) or re.search(r"-v\d+$", env):
-        _fail(f"{cls.__name__}.ENV is {env!r}, not a usable env name", where(field="ENV"),
-              "set ENV to letters, digits, '_', '.' or '-', not ending in -v<N> (the version is ENV_VERSION)")
+        fail(f"{cls.__name__}.ENV is {env!r}, not a usable env name", where(field="ENV"),
+             "set ENV to letters, digits, '_', '.' or '-', not ending in -v<N> (the version is ENV_VERSION)")
     version = cls.ENV_VERSION
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        _fail(f"ENV_VERSION is {version!r}", where(field="ENV_VERSION"), "use an int >= 1; bump it when rewards change")
+        fail(f"ENV_VERSION is {version!r}", where(field="ENV_VERSION"), "use an int >= 1; bump it when rewards change")
     if cls.KIND not in KINDS:
-        _fail(f"KIND is {cls.KIND!r}", where(field="KIND"), f"use one of {KINDS}")
+        fail(f"KIND is {cls.KIND!r}", where(field="KIND"), f"use one of {KINDS}")
     for attr in ("VERIFIER", "GOLDEN"):
         if not isinstance(getattr(cls, attr, None), str) or not getattr(cls, attr):
-            _fail(f"{cls.__name__}.{attr} is not set", where(field=attr),
-                  "set VERIFIER to a dotted module or a .py path, GOLDEN to a .jsonl path (relative to the builder)")
+            fail(f"{cls.__name__}.{attr} is not set", where(field=attr),
+                 "set VERIFIER to a dotted module or a .py path, GOLDEN to a .jsonl path (relative to the builder)")
     _check_configs(ctx, cls)
     _check_docstring(ctx, cls)
 
@@ -68,29 +56,29 @@ def check_declaration(ctx: Context) -> None:
 def _check_configs(ctx: Context, cls: Any) -> None:
     names = cls.config_names()
     if not names or len(set(names)) != len(names):
-        _fail(f"BUILDER_CONFIGS names are {names}", ctx.where(field="BUILDER_CONFIGS"),
-              "declare at least one config, each with a distinct name")
+        fail(f"BUILDER_CONFIGS names are {names}", ctx.where(field="BUILDER_CONFIGS"),
+             "declare at least one config, each with a distinct name")
     for config in cls.BUILDER_CONFIGS:
         sizes = getattr(config, "sizes", None)
         if not isinstance(sizes, dict) or not sizes or not all(isinstance(n, int) and n >= 1 for n in sizes.values()):
-            _fail(f"config {config.name!r} has sizes {sizes!r}", ctx.where(config.name, field="sizes"),
-                  "give sizes = {split: number of tasks >= 1}, e.g. {'train': 1000, 'test': 100}")
+            fail(f"config {config.name!r} has sizes {sizes!r}", ctx.where(config.name, field="sizes"),
+                 "give sizes = {split: number of tasks >= 1}, e.g. {'train': 1000, 'test': 100}")
     unknown = [c for c in ctx.requested_configs or [] if c not in names]
     if unknown:
-        _fail(f"unknown config {unknown[0]!r}; the builder has {names}", ctx.where(unknown[0]),
-              "ask for configs by one of the names in BUILDER_CONFIGS")
+        fail(f"unknown config {unknown[0]!r}; the builder has {names}", ctx.where(unknown[0]),
+             "ask for configs by one of the names in BUILDER_CONFIGS")
 
 
 def _check_docstring(ctx: Context, cls: Any) -> None:
     doc = cls.__dict__.get("__doc__") or getattr(sys.modules.get(cls.__module__), "__doc__", None) or ""
     missing = [s for s in DOC_SECTIONS if not re.search(rf"^\s*{s}:", doc, re.M)]
     if missing:
-        _fail(f"the builder docstring lacks the section(s) {missing}; users read the env's docs from it",
-              ctx.where(field="__doc__"),
-              f"give the builder module a docstring with the sections {', '.join(DOC_SECTIONS)} (see arithmetic)")
+        fail(f"the builder docstring lacks the section(s) {missing}; users read the env's docs from it",
+             ctx.where(field="__doc__"),
+             f"give the builder module a docstring with the sections {', '.join(DOC_SECTIONS)} (see arithmetic)")
     if not re.search(rf"^\s*v{cls.ENV_VERSION}:", doc, re.M):
-        _fail(f"Version history has no entry 'v{cls.ENV_VERSION}:' for ENV_VERSION {cls.ENV_VERSION}",
-              ctx.where(field="__doc__"), "add a line saying what changed in this version")
+        fail(f"Version history has no entry 'v{cls.ENV_VERSION}:' for ENV_VERSION {cls.ENV_VERSION}",
+             ctx.where(field="__doc__"), "add a line saying what changed in this version")
 
 
 def check_builds(ctx: Context) -> None:
@@ -99,8 +87,8 @@ def check_builds(ctx: Context) -> None:
         splits = ctx.build(config)
         for split, table in splits.items():
             if len(table) == 0:
-                _fail(f"split {split!r} is empty", ctx.where(config, split),
-                      "give sizes[split] >= 1 and make generate_tasks yield that many rows, or drop the split")
+                fail(f"split {split!r} is empty", ctx.where(config, split),
+                     "give sizes[split] >= 1 and make generate_tasks yield that many rows, or drop the split")
 
 
 def check_schema(ctx: Context) -> None:
@@ -111,21 +99,21 @@ def check_schema(ctx: Context) -> None:
             diff = _feature_diff(table.features, TASK_FEATURES)
             if diff is not None:
                 path, got, want = diff
-                _fail(f"the {split!r} split declares {path!r} as {got}, but the task schema has {want}; most likely "
-                      f"the builder overrides _info", Where(ctx.env, config, split, field=path),
-                      "do not override _info: TaskBuilder declares hubgym.schemas.TASK_FEATURES; put extra data "
-                      "inside info")
+                fail(f"the {split!r} split declares {path!r} as {got}, but the task schema has {want}; most likely "
+                     f"the builder overrides _info", Where(ctx.env, config, split, field=path),
+                     "do not override _info: TaskBuilder declares hubgym.schemas.TASK_FEATURES; put extra data "
+                     "inside info")
             validate_tasks(table.data.table, where)
     for config, split, rows in ctx.splits():
         for row in rows:
             if row["env"] != ctx.builder.ENV:
-                _fail(f"the env column is {row['env']!r}, not {ctx.builder.ENV!r}",
-                      ctx.where(config, split, row["id"], "env"), "pass self.ENV to hubgym.make_task")
+                fail(f"the env column is {row['env']!r}, not {ctx.builder.ENV!r}",
+                     ctx.where(config, split, row["id"], "env"), "pass self.ENV to hubgym.make_task")
             for i, message in enumerate(row["prompt"]):
                 if message["role"] in ("system", "user") and message["content"] is None:
-                    _fail(f"prompt message {i} ({message['role']}) has no content",
-                          ctx.where(config, split, row["id"], "prompt.content"),
-                          "build messages with hubgym.user(text) / hubgym.system(text)")
+                    fail(f"prompt message {i} ({message['role']}) has no content",
+                         ctx.where(config, split, row["id"], "prompt.content"),
+                         "build messages with hubgym.user(text) / hubgym.system(text)")
 
 
 def _feature_diff(got: Any, want: Any, path: str = "") -> tuple[str, str, str] | None:
@@ -149,9 +137,9 @@ def check_ids_unique(ctx: Context) -> None:
         first: dict[str, int] = {}
         for i, row in enumerate(rows):
             if row["id"] in first:
-                _fail(f"id {row['id']!r} is used by rows {first[row['id']]} and {i}; most likely two rows are the same "
-                      f"task, or ids are not derived from the content", ctx.where(config, split, row["id"], "id"),
-                      "build rows with hubgym.make_task (ids are content hashes) and never repeat a task in a split")
+                fail(f"id {row['id']!r} is used by rows {first[row['id']]} and {i}; most likely two rows are the same "
+                     f"task, or ids are not derived from the content", ctx.where(config, split, row["id"], "id"),
+                     "build rows with hubgym.make_task (ids are content hashes) and never repeat a task in a split")
             first[row["id"]] = i
 
 
@@ -162,16 +150,16 @@ def check_ids_stable(ctx: Context) -> None:
         for split, table in first.items():
             a, b = table["id"], second[split]["id"] if split in second else []
             if len(a) != len(b):
-                _fail(f"split {split!r} has {len(a)} rows in one build and {len(b)} in a second build of the same "
-                      f"config and seed", ctx.where(config, split), "make the number of rows depend on sizes only")
+                fail(f"split {split!r} has {len(a)} rows in one build and {len(b)} in a second build of the same "
+                     f"config and seed", ctx.where(config, split), "make the number of rows depend on sizes only")
             missing = set(a) - set(b)
             if missing:
                 i = next(i for i, x in enumerate(a) if x in missing)
-                _fail(f"ids differ between two builds of the same config and seed: row {i} was {a[i]!r}, then "
-                      f"{b[i]!r}; most likely the id or the content it hashes depends on a clock, a uuid or an "
-                      f"unseeded random generator", ctx.where(config, split, a[i], "id"),
-                      "draw everything from random.Random(seed) (the seed generate_tasks receives) and build rows "
-                      "with hubgym.make_task")
+                fail(f"ids differ between two builds of the same config and seed: row {i} was {a[i]!r}, then "
+                     f"{b[i]!r}; most likely the id or the content it hashes depends on a clock, a uuid or an "
+                     f"unseeded random generator", ctx.where(config, split, a[i], "id"),
+                     "draw everything from random.Random(seed) (the seed generate_tasks receives) and build rows "
+                     "with hubgym.make_task")
 
 
 def check_ids_from_content(ctx: Context) -> None:
@@ -180,10 +168,10 @@ def check_ids_from_content(ctx: Context) -> None:
         for row in rows:
             expected = task_id(row["env"], row["prompt"], row["info"], row["interaction"])
             if row["id"] != expected:
-                _fail(f"id {row['id']!r} is not derived from the row's content (expected {expected!r}); most likely "
-                      f"the row was changed after make_task, or its id was set by hand",
-                      ctx.where(config, split, row["id"], "id"),
-                      "build each row with one hubgym.make_task(...) call and do not edit it afterwards")
+                fail(f"id {row['id']!r} is not derived from the row's content (expected {expected!r}); most likely "
+                     f"the row was changed after make_task, or its id was set by hand",
+                     ctx.where(config, split, row["id"], "id"),
+                     "build each row with one hubgym.make_task(...) call and do not edit it afterwards")
 
 
 def check_deterministic_rows(ctx: Context) -> None:
@@ -192,21 +180,21 @@ def check_deterministic_rows(ctx: Context) -> None:
         first, second = ctx.build(config), ctx.build(config, 2)
         for split, table in first.items():
             if split not in second:
-                _fail(f"split {split!r} is missing from a second build of the same config and seed",
-                      ctx.where(config, split), "make the splits depend on the config only")
+                fail(f"split {split!r} is missing from a second build of the same config and seed",
+                     ctx.where(config, split), "make the splits depend on the config only")
             if table.data.table.equals(second[split].data.table):
                 continue
             rows_a, rows_b = ctx.rows(config, split), ctx.rows(config, split, 2)
             for i, (a, b) in enumerate(zip(rows_a, rows_b)):
                 field = next((k for k in a if a[k] != b.get(k)), None)
                 if field is not None:
-                    _fail(f"row {i} differs between two builds of the same config and seed ({field}: {_short(a[field])}"
-                          f" then {_short(b[field])}); most likely generate_tasks uses an unseeded random generator, "
-                          f"the clock, or the order of a set", ctx.where(config, split, a["id"], field),
-                          "draw everything from random.Random(seed) and iterate over sorted collections")
+                    fail(f"row {i} differs between two builds of the same config and seed ({field}: {short(a[field])}"
+                         f" then {short(b[field])}); most likely generate_tasks uses an unseeded random generator, "
+                         f"the clock, or the order of a set", ctx.where(config, split, a["id"], field),
+                         "draw everything from random.Random(seed) and iterate over sorted collections")
             if len(rows_a) != len(rows_b):
-                _fail(f"split {split!r} has {len(rows_a)} rows, then {len(rows_b)}", ctx.where(config, split),
-                      "make the number of rows depend on sizes only")
+                fail(f"split {split!r} has {len(rows_a)} rows, then {len(rows_b)}", ctx.where(config, split),
+                     "make the number of rows depend on sizes only")
 
 
 # -- the verifier ------------------------------------------------------------------------------
@@ -215,9 +203,9 @@ def check_verifier_loads(ctx: Context) -> None:
     """The verifier imports and declares REWARDS (and reset/step when the env is multi_turn)."""
     verifier = ctx.verifier
     if ctx.builder.KIND == "multi_turn" and not verifier.multi_turn:
-        _fail(f"KIND is 'multi_turn' but verifier {verifier.name!r} defines no reset/step", ctx.where(field="step"),
-              "define reset(task) -> (state, observation) and step(task, state, action) -> "
-              "(state, observation, reward, done)")
+        fail(f"KIND is 'multi_turn' but verifier {verifier.name!r} defines no reset/step", ctx.where(field="step"),
+             "define reset(task) -> (state, observation) and step(task, state, action) -> "
+             "(state, observation, reward, done)")
 
 
 def check_interaction(ctx: Context) -> None:
@@ -228,19 +216,19 @@ def check_interaction(ctx: Context) -> None:
         for row in rows:
             spec, where = row["interaction"], lambda f: ctx.where(config, split, row["id"], f)
             if spec["kind"] == "tool_use" and not spec["tools"]:
-                _fail("the row is tool_use but offers no tools", where("interaction.tools"),
-                      "list its tools in hubgym.interaction('tool_use', tools=[...]), or make it single_turn")
+                fail("the row is tool_use but offers no tools", where("interaction.tools"),
+                     "list its tools in hubgym.interaction('tool_use', tools=[...]), or make it single_turn")
             if spec["kind"] == "multi_turn" and not verifier.multi_turn:
-                _fail(f"the row is multi_turn but verifier {verifier.name!r} has no reset/step",
-                      where("interaction.kind"), "define reset and step in the verifier, or make the row single_turn")
+                fail(f"the row is multi_turn but verifier {verifier.name!r} has no reset/step",
+                     where("interaction.kind"), "define reset and step in the verifier, or make the row single_turn")
             for name in spec["tools"]:
                 if name not in catalog:
-                    _fail(f"the row offers tool {name!r}, which {ctx.builder.__name__}.TOOLS does not list",
-                          where("interaction.tools"), f"add {name!r} to TOOLS (the env catalog lists envs by tool)")
+                    fail(f"the row offers tool {name!r}, which {ctx.builder.__name__}.TOOLS does not list",
+                         where("interaction.tools"), f"add {name!r} to TOOLS (the env catalog lists envs by tool)")
             for shaping in spec["tool_rewards"]:
                 if shaping["tool"] not in spec["tools"]:
-                    _fail(f"tool_rewards shapes calls to {shaping['tool']!r}, which the row does not offer",
-                          where("interaction.tool_rewards"), "only shape tools listed in interaction.tools")
+                    fail(f"tool_rewards shapes calls to {shaping['tool']!r}, which the row does not offer",
+                         where("interaction.tool_rewards"), "only shape tools listed in interaction.tools")
 
 
 def check_tool_schemas(ctx: Context) -> None:
@@ -256,15 +244,15 @@ def check_tool_schemas(ctx: Context) -> None:
         try:
             entry = get_tool(name)
         except ToolNotFoundError:
-            _fail(f"tool {name!r} is not in the tool registry (known: {', '.join(tool_names())})", where,
-                  "fix the tool name, or install the package registering it in the 'hubgym.tools' entry-point group")
+            fail(f"tool {name!r} is not in the tool registry (known: {', '.join(tool_names())})", where,
+                 "fix the tool name, or install the package registering it in the 'hubgym.tools' entry-point group")
         except Exception as exc:
-            _fail(f"tool {name!r} failed to import: {type(exc).__name__}: {exc}", where, "fix the tool's module")
+            fail(f"tool {name!r} failed to import: {type(exc).__name__}: {exc}", where, "fix the tool's module")
         for schema in _tool_schemas(entry):
             problem = schema_problem(schema)
             if problem:
-                _fail(f"the schema of tool {name!r} {problem}", where,
-                      "define tools with @hubgym.tool on a typed function with a docstring (or a ToolSet method)")
+                fail(f"the schema of tool {name!r} {problem}", where,
+                     "define tools with @hubgym.tool on a typed function with a docstring (or a ToolSet method)")
 
 
 def _tool_schemas(entry: Any) -> list[dict[str, Any]]:
@@ -288,7 +276,7 @@ def schema_problem(schema: dict[str, Any]) -> str | None:
         return "has an empty description (the model reads it to decide when to call the tool)"
     params = fn.get("parameters")
     if not isinstance(params, dict) or params.get("type") != "object":
-        return f"has parameters {_short(params)}, not a JSON-schema object"
+        return f"has parameters {short(params)}, not a JSON-schema object"
     try:
         json.dumps(schema)
     except (TypeError, ValueError) as exc:
@@ -302,24 +290,24 @@ def check_golden_cases(ctx: Context) -> None:
     """Every golden case scores exactly its declared reward (abs tol 1e-6)."""
     verifier, cases, where = ctx.verifier, ctx.golden, ctx.where(field="GOLDEN")
     if not cases:
-        _fail("the golden file has no cases", where, "add golden cases: at least one earning full reward, one none")
+        fail("the golden file has no cases", where, "add golden cases: at least one earning full reward, one none")
     for case in cases:
         if case.actions is not None and not verifier.multi_turn:
-            _fail(f"golden case {case.name!r} gives actions, but the verifier has no reset/step", where,
-                  "give a completion (a list of messages) instead")
+            fail(f"golden case {case.name!r} gives actions, but the verifier has no reset/step", where,
+                 "give a completion (a list of messages) instead")
         completion = case.completion
         if case.actions is not None:
-            completion = _run(lambda: verifier.run_episode(case.task, case.actions), where,
-                              f"replaying golden case {case.name!r}").completion()
+            completion = guarded(lambda: verifier.run_episode(case.task, case.actions), where,
+                                 f"replaying golden case {case.name!r}").completion()
         score = verifier.score(case.task, completion or [])
         if score.error is not None:
-            _fail(f"golden case {case.name!r} raised {score.error['type']}: {score.error['message']} while scoring",
-                  where, "fix the verifier: a well-formed trajectory must get a reward")
+            fail(f"golden case {case.name!r} raised {score.error['type']}: {score.error['message']} while scoring",
+                 where, "fix the verifier: a well-formed trajectory must get a reward")
         if abs(score.reward - case.reward) > TOL:
-            _fail(f"golden case {case.name!r} scored {score.reward!r}, but the golden file declares {case.reward!r} "
-                  f"(components {score.components}); most likely the verifier changed what it rewards, or the case "
-                  f"is wrong", where,
-                  "fix the verifier; or, if the new reward is intended, update the case and bump ENV_VERSION")
+            fail(f"golden case {case.name!r} scored {score.reward!r}, but the golden file declares {case.reward!r} "
+                 f"(components {score.components}); most likely the verifier changed what it rewards, or the case "
+                 f"is wrong", where,
+                 "fix the verifier; or, if the new reward is intended, update the case and bump ENV_VERSION")
 
 
 def check_golden_extremes(ctx: Context) -> None:
@@ -328,9 +316,9 @@ def check_golden_extremes(ctx: Context) -> None:
     declared = sorted({case.reward for case in ctx.golden})
     for bound, end, earns in ((hi, "top", "full reward"), (lo, "bottom", "no reward")):
         if not any(abs(reward - bound) <= TOL for reward in declared):
-            _fail(f"no golden case earns the {end} of REWARD_RANGE ({bound!r}); declared rewards: {declared}",
-                  ctx.where(field="GOLDEN"),
-                  f"add a golden case whose trajectory earns {earns} ({bound!r}), so both ends of the range are tested")
+            fail(f"no golden case earns the {end} of REWARD_RANGE ({bound!r}); declared rewards: {declared}",
+                 ctx.where(field="GOLDEN"),
+                 f"add a golden case whose trajectory earns {earns} ({bound!r}), so both ends of the range are tested")
 
 
 # -- scoring -------------------------------------------------------------------------------------
@@ -339,9 +327,9 @@ def check_verifier_pure(ctx: Context) -> None:
     """Scoring touches no network, writes no files and starts no processes (blocked by the purity guard)."""
     for sample, _, violations in ctx.scored(1):
         if violations:
-            _fail(f"the verifier reached outside itself while scoring {sample.label}: {violations[0]}; most likely "
-                  f"it logs to a file, caches on disk or calls a service",
-                  ctx.where(sample.config, sample.split, sample.task["id"], "verifier"), _PURE_FIX)
+            fail(f"the verifier reached outside itself while scoring {sample.label}: {violations[0]}; most likely "
+                 f"it logs to a file, caches on disk or calls a service",
+                 ctx.where(sample.config, sample.split, sample.task["id"], "verifier"), _PURE_FIX)
 
 
 def check_scoring_no_errors(ctx: Context) -> None:
@@ -349,11 +337,11 @@ def check_scoring_no_errors(ctx: Context) -> None:
     verifier = ctx.verifier
     for sample, score, violations in ctx.scored(1):
         if score.error is not None and not violations:  # a guard refusal is check_verifier_pure's failure
-            _fail(f"the verifier raised {score.error['type']}: {score.error['message']} while scoring {sample.label}; "
-                  f"a verifier exception on well-formed input is a bug (the rollout is dropped from training)",
-                  ctx.where(sample.config, sample.split, sample.task["id"], _failed_component(verifier, sample.task,
-                                                                                             score)),
-                  "return a low reward for empty, off-format or wrong replies; raise only for a malformed task row")
+            fail(f"the verifier raised {score.error['type']}: {score.error['message']} while scoring {sample.label}; "
+                 f"a verifier exception on well-formed input is a bug (the rollout is dropped from training)",
+                 ctx.where(sample.config, sample.split, sample.task["id"], _failed_component(verifier, sample.task,
+                                                                                            score)),
+                 "return a low reward for empty, off-format or wrong replies; raise only for a malformed task row")
 
 
 def _failed_component(verifier: Verifier, task: Task, score: Score) -> str:
@@ -368,10 +356,10 @@ def check_reward_range(ctx: Context) -> None:
     lo, hi = ctx.verifier.reward_range
     for sample, score, _ in ctx.scored(1):
         if score.reward is not None and not lo - TOL <= score.reward <= hi + TOL:
-            _fail(f"reward {score.reward!r} for {sample.label} is outside REWARD_RANGE {(lo, hi)} (components "
-                  f"{score.components}); most likely REWARD_RANGE leaves out a weighted reward, the step rewards or "
-                  f"tool_rewards shaping", ctx.where(sample.config, sample.split, sample.task["id"], "REWARD_RANGE"),
-                  "declare REWARD_RANGE = (low, high) bounding the total reward, or rescale the rewards into it")
+            fail(f"reward {score.reward!r} for {sample.label} is outside REWARD_RANGE {(lo, hi)} (components "
+                 f"{score.components}); most likely REWARD_RANGE leaves out a weighted reward, the step rewards or "
+                 f"tool_rewards shaping", ctx.where(sample.config, sample.split, sample.task["id"], "REWARD_RANGE"),
+                 "declare REWARD_RANGE = (low, high) bounding the total reward, or rescale the rewards into it")
 
 
 def check_scoring_deterministic(ctx: Context) -> None:
@@ -379,142 +367,15 @@ def check_scoring_deterministic(ctx: Context) -> None:
     for (sample, a, _), (_, b, _) in zip(ctx.scored(1), ctx.scored(2)):
         same_error = a.error is not None and b.error is not None and a.error["type"] == b.error["type"]
         if not same_error and (a.reward, a.components, a.error) != (b.reward, b.components, b.error):
-            _fail(f"scoring {sample.label} twice gave {_summary(a)}, then {_summary(b)}; most likely the verifier "
-                  f"uses an unseeded random generator, the clock, or state kept between calls",
-                  ctx.where(sample.config, sample.split, sample.task["id"], "verifier"), _SEEDED_FIX)
+            fail(f"scoring {sample.label} twice gave {_summary(a)}, then {_summary(b)}; most likely the verifier "
+                 f"uses an unseeded random generator, the clock, or state kept between calls",
+                 ctx.where(sample.config, sample.split, sample.task["id"], "verifier"), SEEDED_FIX)
 
 
 def _summary(score: Score) -> str:
     if score.error is not None:
         return f"an error ({score.error['type']})"
     return f"reward {score.reward!r} {score.components}"
-
-
-# -- multi_turn ------------------------------------------------------------------------------------
-
-def check_reset_step_deterministic(ctx: Context) -> None:
-    """Replaying the same actions twice gives the same observations, rewards, done flags and JSON states."""
-    verifier = ctx.verifier
-    if not verifier.multi_turn:
-        return
-    for task, actions, label, where in _replays(ctx):
-        first, second = _trace(verifier, task, actions, label, where), _trace(verifier, task, actions, label, where)
-        for i, (a, b) in enumerate(zip(first, second)):
-            for field in ("observation", "reward", "done", "state"):
-                if a[field] != b[field]:
-                    at = "after reset" if i == 0 else f"at step {i}"
-                    _fail(f"running {label} twice gave different {field}s {at} ({_short(a[field])} then "
-                          f"{_short(b[field])}); most likely reset or step uses an unseeded random generator, the "
-                          f"clock, or state kept outside `state`", where, _SEEDED_FIX)
-
-
-def _replays(ctx: Context) -> Iterator[tuple[Task, list[str], str, Where]]:
-    """(task, actions, label, where): the golden episodes, then golden and synthetic actions on a few built rows."""
-    from hubgym.conformance.runner import GENERIC_REPLY
-
-    sequences = [("the actions '' and a generic reply", ["", GENERIC_REPLY])]
-    try:
-        golden = ctx.golden
-    except EnvContractError:  # reported by check_golden_cases; the synthetic actions still run
-        golden = []
-    for case in golden:
-        actions = case.actions if case.actions is not None else actions_of(case.completion or [])
-        sequences.append((f"the actions of golden case {case.name!r}", actions))
-        yield case.task, actions, f"golden case {case.name!r}", ctx.where(field="GOLDEN")
-    for config, split, rows in ctx.splits():
-        for row in rows[:REPLAY_ROWS]:
-            for label, actions in sequences:
-                yield row, actions, label, ctx.where(config, split, row["id"], "step")
-
-
-def _trace(verifier: Verifier, task: Task, actions: list[str], label: str, where: Where) -> list[dict[str, Any]]:
-    """[reset, step 1, ...] as dicts of observation, reward, done, state; checks types and JSON states on the way."""
-    state, observation = _returned(_run(lambda: verifier.reset(task), where, f"reset for {label}"),
-                                   "(state, observation)", f"reset for {label}", where)
-    trace = [{"observation": observation, "reward": 0.0, "done": False, "state": state}]
-    for i, action in enumerate(actions, start=1):
-        state, observation, reward, done = _returned(
-            _run(lambda: verifier.step(task, state, action), where, f"step {i} of {label}"),
-            "(state, observation, reward, done)", f"step {i} of {label}", where)
-        trace.append({"observation": observation, "reward": reward, "done": bool(done), "state": state})
-        if done:
-            break
-    for i, step in enumerate(trace):
-        at = "reset" if i == 0 else f"step {i}"
-        _check_step_values(step, f"{at} of {label}", where)
-    return trace
-
-
-def _returned(value: Any, shape: str, at: str, where: Where) -> tuple:
-    if not isinstance(value, tuple) or len(value) != shape.count(",") + 1:
-        _fail(f"{at} returned {_short(value)}, not a tuple {shape}", where, f"return {shape}")
-    return value
-
-
-def _check_step_values(step: dict[str, Any], at: str, where: Where) -> None:
-    if not isinstance(step["observation"], str):
-        _fail(f"{at} returned an observation of type {type(step['observation']).__name__}", where,
-              "return the observation as a string (the text the model sees next)")
-    reward = step["reward"]
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        _fail(f"{at} returned reward {reward!r}", where, "return a finite float reward from step")
-    try:
-        json.dumps(step["state"], allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        _fail(f"the state after {at} is not JSON-serializable ({exc})", where,
-              "keep state as dicts, lists, strings, numbers, booleans and None, so episodes can be stored and resumed")
-
-
-def _run(fn: Callable[[], Any], where: Where, doing: str) -> Any:
-    try:
-        return fn()
-    except EnvContractError:
-        raise
-    except Exception as exc:
-        _fail(f"{doing} raised {type(exc).__name__}: {exc}", where,
-              "answer any action (invalid, empty, after the end) with an observation and a reward; do not raise")
-
-
-def check_golden_replay(ctx: Context) -> None:
-    """A golden episode's completion re-scores to the episode's step rewards and replays to the same observations."""
-    verifier = ctx.verifier
-    if not verifier.multi_turn:
-        return
-    where = ctx.where(field="GOLDEN")
-    for case in ctx.golden:
-        label = f"golden case {case.name!r}"
-        if case.actions is None:
-            _check_stored_observations(verifier, case.task, case.completion or [], label, where)
-            continue
-        episode = _run(lambda: verifier.run_episode(case.task, case.actions), where, f"replaying {label}")
-        completion = episode.completion()
-        replay = _run(lambda: verifier.run_episode(case.task, actions_of(completion)), where,
-                      f"replaying the completion of {label}")
-        for i, (a, b) in enumerate(zip(episode.steps, replay.steps), start=1):
-            if (a.observation, a.reward, a.done) != (b.observation, b.reward, b.done):
-                _fail(f"replaying the completion of {label} does not reproduce step {i}: {_short(a.observation)} "
-                      f"(reward {a.reward!r}) then {_short(b.observation)} (reward {b.reward!r}); most likely step "
-                      f"depends on something the completion does not record", where, _SEEDED_FIX)
-        earned = sum(s.reward for s in episode.steps)
-        score = verifier.score(case.task, completion)
-        rescored = score.components.get("steps")
-        if rescored is None or abs(rescored - earned) > TOL:
-            _fail(f"re-scoring the completion of {label} gives step rewards {rescored!r}, but the episode earned "
-                  f"{earned!r}", where, "make step depend only on (task, state, action)")
-
-
-def _check_stored_observations(verifier: Verifier, task: Task, completion: list, label: str, where: Where) -> None:
-    """A golden completion that stores observations (user turns) must match what replaying its actions shows."""
-    stored = [m["content"] for m in completion if m["role"] == "user"]
-    if not stored:
-        return
-    replay = _run(lambda: verifier.run_episode(task, actions_of(completion)), where, f"replaying {label}")
-    shown = [s.observation for s in replay.steps if s.observation]
-    for i, observation in enumerate(stored):
-        if i >= len(shown) or shown[i] != observation:
-            _fail(f"{label} stores observation {i + 1} as {_short(observation)}, but replaying its actions shows "
-                  f"{_short(shown[i]) if i < len(shown) else 'nothing'}", where,
-                  "update the case's completion (or give actions instead), or make step deterministic")
 
 
 CHECKS: list[Callable[[Context], None]] = [
