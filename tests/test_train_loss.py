@@ -13,6 +13,7 @@ from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.groups import Group, mask_stale
 from hubgym.train.loss import LossSettings, loss_fn, make_loss_fn, token_aligned, token_logprobs
+from hubgym.train.metrics import merge_metrics
 from hubgym.train.packing import empty_batch, pack_step
 
 
@@ -367,3 +368,61 @@ def test_packing_and_loss_on_the_tiny_causal_lm(tiny_model):
     expected = full.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
     on = mb.loss_mask[:, 1:] > 0
     assert torch.allclose(logp[on], expected[on], atol=1e-5) and torch.all(logp[~on] == 0.0)
+
+
+# -- a step's policy metrics: token-weighted over micro-batches and ranks -------------------------
+
+def uneven_groups() -> list[Group]:
+    """Completions of 1 token beside completions of 40: micro-batches of very different token counts."""
+    gen = torch.Generator().manual_seed(5)
+    groups = []
+    for g, length in enumerate((1, 40, 2, 33)):
+        # the short ones were sampled far less likely than the policy has them: large IS ratios
+        behaviour = [-8.0] * length if length < 3 else (-torch.rand(length, generator=gen) * 5).tolist()
+        rows = [{"rollout_id": f"{g}-{s}", "prompt_ids": torch.randint(0, 16, (3,), generator=gen).tolist(),
+                 "completion_ids": torch.randint(0, 16, (length,), generator=gen).tolist(),
+                 "completion_mask": [1] * length, "completion_logprobs": behaviour}
+                for s in range(2)]
+        groups.append(Group("e", f"g{g}", rows, [1.0, -1.0], 1.0, [False, False]))
+    return groups
+
+
+def step_metrics(shares: list[list[MicroBatch]], cfg: LossSettings) -> tuple[dict[str, float], list[dict]]:
+    """What Policy.train_step reports on every rank: each rank merges its micro-batches' metrics, and `reduce`
+    stands in for the all-reduce (sums and maxima over the ranks' partial values)."""
+    lm = ToyLM()
+    per_rank = []
+    for share in shares:
+        metrics = []
+        for mb in share:
+            with torch.no_grad():
+                mb.ref_logprobs = token_aligned(token_logprobs(lm, mb)[0]) * 0.7  # a reference the policy is not
+            metrics.append(make_loss_fn(cfg)(lm, mb)[1])
+        per_rank.append(metrics)
+    partial = []
+    for metrics in per_rank:
+        merge_metrics(metrics, lambda s, m: (partial.append((s, m)), (s, m))[1])
+
+    def all_reduce(_s, _m):
+        return ([sum(v) for v in zip(*(s for s, _ in partial))], [max(v) for v in zip(*(m for _, m in partial))])
+
+    merged = [merge_metrics(metrics, all_reduce) for metrics in per_rank]
+    assert all(m == merged[0] for m in merged)  # the same on every rank
+    return merged[0], [m for metrics in per_rank for m in metrics]
+
+
+@pytest.mark.parametrize("max_tokens, world_size", [(64, 1), (64, 2), (48, 3)])
+def test_policy_metrics_are_the_token_mean_of_the_whole_step(max_tokens, world_size):
+    cfg = LossSettings(variant="grpo", beta=0.1, proximal="none", is_cap=1.5)
+    [[whole]] = pack_step(uneven_groups(), 10_000)
+    closed = step_metrics([[whole]], cfg)[0]  # one micro-batch: its token means are the closed form
+    shares = pack_step(uneven_groups(), max_tokens, world_size)
+    merged, parts = step_metrics(shares, cfg)
+    tokens = [m["policy/tokens"] for m in parts]
+    assert len(parts) >= 3 and max(tokens) >= 5 * min(t for t in tokens if t), tokens  # very uneven
+    assert merged.keys() == closed.keys() and "policy/kl" in merged and "policy/entropy" in merged
+    for key, value in closed.items():
+        assert merged[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    for key in ("policy/is_ratio_mean", "policy/is_capped_frac"):  # a mean of means would be far off
+        means = [m[key] for m in parts if m["policy/tokens"]]
+        assert sum(means) / len(means) > 1.2 * closed[key], key

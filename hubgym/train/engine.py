@@ -36,6 +36,7 @@ import torch
 from hubgym.fileio import replace_dir
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
+from hubgym.train.metrics import merge_metrics
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
 EXTENSIONS_DIR = Path("~/.cache/hubgym/torch_extensions")  # DeepSpeed's JIT ops (~80 s to build), built once
@@ -76,7 +77,8 @@ class DeepSpeedSettings:
 
 @dataclass
 class StepStats:
-    """What one optimizer step did, the same on every rank (except `metrics`, this rank's loss metrics)."""
+    """What one optimizer step did, the same on every rank (`metrics`: the loss's, token-weighted over every
+    micro-batch of every rank by merge_metrics)."""
 
     loss: float  # the objective: sum of the losses of every micro-batch on every rank
     grad_norm: float | None  # global gradient norm before clipping; None when the step was skipped
@@ -178,7 +180,7 @@ class Policy:
         started = time.perf_counter()
         self.engine.train()
         loss_sum, tokens, bad = 0.0, 0, 0
-        merged: dict[str, list[float]] = {}
+        per_batch: list[dict[str, float]] = []
         for i, batch in enumerate(micro_batches):
             batch = batch.to(self.device)
             loss, metrics = loss_fn(self.engine, batch)
@@ -189,8 +191,7 @@ class Policy:
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)  # undo the mean over ranks
             loss_sum += float(loss.detach())
             tokens += batch.tokens
-            for key, value in metrics.items():
-                merged.setdefault(key, []).append(float(value))
+            per_batch.append({key: float(value) for key, value in metrics.items()})
         self.engine.step()
         loss_sum, tokens, bad = self._sum_over_ranks(loss_sum, tokens, bad)
         applied = self.engine.was_step_applied()
@@ -202,7 +203,7 @@ class Policy:
                          lr=self.engine.optimizer.param_groups[0]["lr"], tokens=int(tokens),
                          micro_batches=len(micro_batches), skipped=not applied, skip_reason=reason,
                          seconds=time.perf_counter() - started,
-                         metrics={k: _reduce(k, v) for k, v in merged.items()})
+                         metrics=merge_metrics(per_batch, self._reduce_over_ranks))
 
     @torch.no_grad()
     def logprobs(self, batch: MicroBatch) -> torch.Tensor:
@@ -271,6 +272,16 @@ class Policy:
                               f"DeepSpeedSettings.micro_batches is {expected}: pack {expected} per rank, or set "
                               "micro_batches=0 to accept any number")
 
+    def _reduce_over_ranks(self, sums: list[float], maxima: list[float]) -> tuple[list[float], list[float]]:
+        """Sums and maxima over all ranks (merge_metrics's partial values), in two collectives."""
+        if self.world_size == 1:
+            return sums, maxima
+        totals = torch.tensor(sums, dtype=torch.float64, device=self.device)
+        largest = torch.tensor(maxima, dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(totals)
+        torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
+        return totals.tolist(), largest.tolist()
+
     def _sum_over_ranks(self, *values: float) -> list[float]:
         """Sum per-rank numbers over all ranks, in one collective."""
         tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -286,15 +297,6 @@ def _copy_side_files(source: Path, target: Path) -> None:
         if (path.is_file() and path.suffix in (".json", ".jinja", ".txt", ".model", ".tiktoken")
                 and path.name not in skip and not path.name.startswith("hubgym_")):  # not our markers
             shutil.copy2(path, target / path.name)
-
-
-def _reduce(name: str, values: list[float]) -> float:
-    """Merge one metric over micro-batches: maxima stay maxima, counts add up, the rest is a mean."""
-    if name.endswith(("_max", "/max")):
-        return max(values)
-    if name.endswith(("tokens", "_count", "sequences")):
-        return sum(values)
-    return sum(values) / len(values)
 
 
 def _barrier() -> None:

@@ -51,7 +51,9 @@ micro-batch losses is the whole-batch loss.
 Only the loss positions are ever selected, so every other position gets exactly zero gradient,
 whatever its stored values.
 
-Metrics (per micro-batch; `tokens` and `_count` add up over micro-batches, `_max` is a maximum):
+Metrics, per micro-batch; a step merges them over micro-batches and ranks (metrics.merge_metrics):
+`tokens` adds up, `_max` is a maximum, and every mean is weighted by its micro-batch's loss tokens, so a
+step's value is the mean over all of its loss tokens:
 policy/tokens, clip_frac_low (r < 1 - eps_low with A < 0), clip_frac_high (r > 1 + eps_high with
 A > 0), clip_frac, is_ratio_mean / is_ratio_max (the weight against the sampler: r without a
 proximal policy, exp(prox - mu) with one), is_capped_frac (that weight above C), kl (beta > 0),

@@ -8,7 +8,11 @@
     log.close()                                # writes metrics.png
 
 Only rank 0 of a multi-process run logs (`enabled=False` elsewhere): the metrics are the same on every
-rank but the policy numbers, which are rank 0's micro-batches.
+rank, the policy numbers included (merge_metrics combines every micro-batch of every rank).
+
+Policy metrics are token-weighted: a micro-batch's mean in group `g/` (policy/entropy, clip fractions,
+IS ratio, KL) counts by that micro-batch's `g/tokens`, so a step's number is the mean over all of its
+loss tokens, whatever the packing or the number of ranks, not a mean of per-micro-batch means.
 
 Names are `group/[env/]metric`: `policy/*` (loss, clip fraction, KL, IS ratio, entropy, grad norm),
 `env/<env>/*` (reward, components, success, failure rates, tokens), `eval/<env>/*`, `time/*`.
@@ -77,6 +81,46 @@ class MetricsLog:
         for backend in self._backends:
             getattr(backend, "close", lambda: None)()
         return plot_curves(self.history, self.path.with_name("metrics.png")) if plot and self.history else None
+
+
+def merge_metrics(per_batch: list[dict[str, float]], reduce=None) -> dict[str, float]:
+    """One step's metrics from those of its micro-batches: `*tokens`, `*_count`, `*sequences` add up, `*_max` is
+    the largest over micro-batches with a token, and any other value is a mean weighted by its group's `g/tokens`
+    (a plain mean over micro-batches where the group has no such count).
+
+    `reduce(sums, maxima) -> (sums, maxima)` combines the partial sums and maxima of every rank (a sum and a max
+    all-reduce); every rank must pass the same metric names.
+    """
+    keys = sorted({k for m in per_batch for k in m})
+    sums: list[float] = []
+    maxima: list[float] = []
+    for key in keys:
+        values = [(m[key], _weight(m, key)) for m in per_batch if key in m]
+        if key.endswith(("_max", "/max")):  # micro-batches without a token (rank padding) have nothing to add
+            maxima += [max((v for v, w in values if w > 0), default=-math.inf), max(v for v, _ in values)]
+        elif key.endswith(("tokens", "_count", "sequences")):
+            sums.append(sum(v for v, _ in values))
+        else:  # weighted sum, total weight; plain sum, count (the value when no micro-batch has a token)
+            sums += [sum(v * w for v, w in values), sum(w for _, w in values), sum(v for v, _ in values), len(values)]
+    if reduce is not None:
+        sums, maxima = reduce(sums, maxima)
+    merged, s, m = {}, iter(sums), iter(maxima)
+    for key in keys:
+        if key.endswith(("_max", "/max")):
+            nonempty, every = next(m), next(m)
+            merged[key] = nonempty if nonempty > -math.inf else every
+        elif key.endswith(("tokens", "_count", "sequences")):
+            merged[key] = next(s)
+        else:
+            weighted, weight, plain, count = next(s), next(s), next(s), next(s)
+            merged[key] = weighted / weight if weight > 0 else plain / count
+    return merged
+
+
+def _weight(metrics: dict[str, float], key: str) -> float:
+    """What a micro-batch's mean `g/name` counts for: its `g/tokens`, or 1 when its group has no token count."""
+    group = key.rpartition("/")[0]
+    return float(metrics.get(f"{group}/tokens", 1.0)) if group else 1.0
 
 
 def step_table(step: int, metrics: dict[str, float]) -> Table:
