@@ -157,7 +157,7 @@ def raw_inputs(config, engine) -> tuple[list[dict], list[Any]]:
     from vllm import SamplingParams
 
     from hubgym.rollout.loop import request_seed
-    from hubgym.rollout.run import load_env_tasks
+    from hubgym.resolve import load_env_tasks
     from hubgym.rollout.tokens import ChatRenderer
 
     renderer, sampling = ChatRenderer(engine.tokenizer), config.sampling

@@ -103,7 +103,7 @@ def run_trl(args, model: Path, out: Path) -> list[dict]:
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
-    from hubgym.rollout.run import load_env_tasks
+    from hubgym.resolve import load_env_tasks
     from hubgym.verifiers.arithmetic import correct
 
     tasks = load_env_tasks(ENV, "train", None).tasks

@@ -50,7 +50,7 @@ ENVS = {  # env spec -> the regex every reply must match (vLLM structured output
 def export_tasks(spec: str, limit: int) -> list[dict[str, Any]]:
     """hubgym's task rows, plus what verifiers needs: the opening messages (with the multi_turn
     observation) in OpenAI form and the tool schemas."""
-    from hubgym.rollout.run import load_env_tasks
+    from hubgym.resolve import load_env_tasks
     from hubgym.schemas.messages import to_openai, user
     from hubgym.tools.registry import make_toolbox
 

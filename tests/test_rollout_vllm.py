@@ -32,7 +32,8 @@ from hubgym.errors import ToolNotFoundError
 from hubgym.rollout import ChatRenderer, LoopContext, RolloutConfig, SamplingArgs, VLLMEngine, run_group, run_rollouts
 from hubgym.rollout.engines import Request
 from hubgym.rollout.report import shard_files
-from hubgym.rollout.run import load_env_tasks, rollout_id
+from hubgym.resolve import load_env_tasks
+from hubgym.rollout.run import rollout_id
 from hubgym.schemas import validate_rollouts
 from hubgym.verifiers.contract import load_verifier
 

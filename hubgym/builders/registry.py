@@ -45,7 +45,7 @@ def resolve_env(ref: str | type[TaskBuilder]) -> type[TaskBuilder]:
     if isinstance(ref, type) and issubclass(ref, TaskBuilder):
         return ref
     path = Path(ref)
-    if path.suffix == ".py" or "/" in ref or ref.startswith(".") or (path.is_dir() and not _is_known(ref)):
+    if path.suffix == ".py" or "/" in ref or ref.startswith(".") or (path.is_dir() and not is_registered(ref)):
         return load_builder_file(path / "builder.py" if path.is_dir() else path)
     name, version = _split_version(ref)
     builder = _by_name(name)
@@ -55,8 +55,9 @@ def resolve_env(ref: str | type[TaskBuilder]) -> type[TaskBuilder]:
     return builder
 
 
-def _is_known(ref: str) -> bool:
-    """A bare word names a registered env first; a folder of that name is used only if none is registered."""
+def is_registered(ref: str) -> bool:
+    """A built-in or installed entry-point env (a name or versioned id). A bare word names a registered env
+    first; a folder of that name is used only if none is registered."""
     name = _split_version(ref)[0]
     return name in BUILTIN_ENVS or any(True for _ in entry_points(group=ENTRY_POINT_GROUP, name=name))
 

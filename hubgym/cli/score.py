@@ -23,16 +23,19 @@ def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard 
           verifier: Annotated[Optional[list[str]], typer.Option(
               help="[ENV=]MODULE: a verifier module (.py file or import name) for the rows of ENV (repeatable; "
                    "ENV may be left out when the rows hold one env) \\[default: each env's current verifier]")] = None,
-          env_revision: Annotated[Optional[str], typer.Option(help="use the verifier of this hub env, "
-                                                              "org/name@revision, for the rows of its env")] = None,
+          env_revision: Annotated[Optional[list[str]], typer.Option(
+              help="org/name@revision: the verifier of this hub env scores the rows of its env (repeatable: one "
+                   "per env; mixes with --verifier for other envs)")] = None,
           out: Annotated[Optional[Path], typer.Option(help="write re-scored shards and a manifest here")] = None,
           workers: Annotated[Optional[int], typer.Option(min=1, help="processes \\[default: every core, when the "
                                                                     "work is worth a pool]")] = None,
           plot: Annotated[Optional[Path], typer.Option(help="PNG of stored vs new rewards per env "
                                                        "\\[default: OUT/rescore.png]")] = None,
           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
-          trust: Annotated[bool, typer.Option(help="run an unpinned hub verifier")] = False,
-          pin: Annotated[Optional[str], typer.Option(help="sha256:<hex> the hub verifier must have")] = None) -> None:
+          trust: Annotated[bool, typer.Option(help="run unpinned hub verifiers")] = False,
+          pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
+                                                                "(repeatable; sha256:<hex> alone with one "
+                                                                "--env-revision)")] = None) -> None:
     """Re-score stored rollouts with the current or another verifier; print what changed (no model, no tools)."""
     import polars as pl
 
@@ -70,20 +73,29 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
            rollout: Annotated[Optional[str], typer.Option(help="only this rollout id")] = None,
            model: Annotated[Optional[Path], typer.Option(help="model folder whose chat template the token audit "
                                                          "re-applies [default: no token audit]")] = None,
-           verifier: Annotated[Optional[str], typer.Option(help="verifier module (file or import name) "
-                                                           "[default: each row's env's current verifier]")] = None,
-           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None) -> None:
+           verifier: Annotated[Optional[list[str]], typer.Option(
+               help="[ENV=]MODULE: a verifier module (.py file or import name) for the rows of ENV (repeatable) "
+                    "\\[default: each env's registered verifier]")] = None,
+           env_revision: Annotated[Optional[list[str]], typer.Option(
+               help="org/name@revision: the verifier of this hub env replays the rows of its env (repeatable)")]
+           = None,
+           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
+           trust: Annotated[bool, typer.Option(help="run unpinned hub verifiers")] = False,
+           pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
+                                                                 "(repeatable)")] = None) -> None:
     """Re-run multi_turn dynamics from stored actions and audit tokens; exit code 1 if anything diverged."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from hubgym.score.choice import VerifierChoice
     from hubgym.score.replay import ReplayReport, as_renderer, iter_replay, rows_of
 
+    choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
     renderer = as_renderer(model) if model else None
     report = ReplayReport()
     with Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"), TimeElapsedColumn(),
                   console=console(stderr=True)) as progress:
         task = progress.add_task("replay", total=None)
-        for result in iter_replay(rows_of(sources, hub), rollout=rollout, renderer=renderer, verifier=verifier):
+        for result in iter_replay(rows_of(sources, hub), rollout=rollout, renderer=renderer, verifier=choice):
             report.results.append(result)
             progress.advance(task)
     for table in views.replay_tables(report):

@@ -19,18 +19,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hubgym.builders.build import build_tasks
-from hubgym.builders.registry import resolve_env
-from hubgym.errors import ToolNotFoundError, Where
+from hubgym.resolve import load_env_tasks
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
-from hubgym.rollout.tokens import ChatRenderer
-from hubgym.rollout.writer import ShardWriter, worker_name
+from hubgym.rollout.tokens import ChatRenderer, audit_tokens
+from hubgym.rollout.writer import FLUSH_EVERY_S, PendingShard, ShardWriter, worker_name
 from hubgym.schemas.rollouts import Rollout
-from hubgym.schemas.tasks import Task
 from hubgym.schemas.version import SCHEMA_VERSION
-from hubgym.tools.registry import get_tool
 from hubgym.verifiers.contract import Verifier
 
 
@@ -53,6 +49,7 @@ class RolloutConfig:
     shard_index: int = 0
     num_shards: int = 1
     max_rows_per_shard: int = 512
+    flush_every_s: float = FLUSH_EVERY_S  # finished groups reach disk within this many seconds, full shard or not
     concurrency: int = 256  # groups in flight (one vLLM batch at most; the memory bound of a run)
     hub: str | None = None  # where `org/name@revision` envs are loaded from (default: $HUBGYM_HUB or the local hub)
     trust: bool = False  # run hub verifiers unpinned (else each needs a pin)
@@ -61,48 +58,8 @@ class RolloutConfig:
     def run_id(self) -> str:
         # Where the run is written, how it is split and where the server listens do not change what it samples.
         keep = {k: v for k, v in asdict(self).items()
-                if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins")}
+                if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins", "flush_every_s")}
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-@dataclass
-class EnvTasks:
-    env: str
-    config: str
-    verifier: Verifier
-    tasks: list[Task]
-    repo: str | None = None  # set when the env was loaded from a hub: recorded in every row's provenance
-    revision: str | None = None
-
-
-def is_hub_ref(ref: str) -> bool:
-    """`org/name[@revision]` that is not a local folder."""
-    return "/" in ref.split("@", 1)[0] and not Path(ref).exists() and not ref.startswith((".", "/", "~"))
-
-
-def load_env_tasks(spec: str, split: str, limit: int | None, *, hub: str | None = None, trust: bool = False,
-                   pins: dict[str, str] | None = None) -> EnvTasks:
-    """Build (or load from a hub) one env's tasks and check every row's tools exist before any generation."""
-    ref, _, config = spec.partition(":")
-    if is_hub_ref(ref):
-        from hubgym.hub.load import load_env
-
-        loaded = load_env(ref, trust=trust, pin=(pins or {}).get(ref.split("@")[0]), config=config or None,
-                          split=split, hub=hub)
-        name, config, verifier, rows = loaded.env, loaded.config, loaded.verifier, loaded.tasks
-        repo, revision = loaded.repo, loaded.revision
-    else:
-        builder = resolve_env(ref)
-        config = config or builder.config_names()[0]
-        name, verifier, rows, repo, revision = builder.ENV, builder.verifier(), build_tasks(builder, config)[split], None, None
-    tasks = [rows[i] for i in range(min(limit or len(rows), len(rows)))]
-    for task in tasks:
-        for tool_name in task["interaction"]["tools"]:
-            try:
-                get_tool(tool_name)
-            except ToolNotFoundError as exc:
-                raise ToolNotFoundError(f"{exc} [{Where(name, config, split, task['id'], 'interaction.tools')}]") from None
-    return EnvTasks(name, config, verifier, tasks, repo, revision)
 
 
 def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
@@ -155,7 +112,7 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
     metrics.update({"loop/tool_calls": traj.tool_calls, "loop/tool_errors": traj.tool_errors,
                     "loop/parse_errors": traj.parse_errors, "loop/empty_responses": traj.empty_responses})
     metrics.update({f"step/{i}/reward": r for i, r in enumerate(traj.step_rewards)})  # for replay
-    return {
+    row: Rollout = {
         "rollout_id": rollout_id(run_id, traj.task["id"], traj.sample), "run_id": run_id,
         "task_id": traj.task["id"], "env": traj.task["env"], "group": f"{run_id}-{traj.task['id']}",
         "sample": traj.sample, "prompt": traj.prompt, "completion": traj.completion, "info": traj.task["info"],
@@ -177,6 +134,10 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
                     "total_s": traj.generate_s + traj.tools_s + score_s},
         "created_at": dt.datetime.now(dt.timezone.utc),
     }
+    if renderer is not None and row["tokens_consistent"]:  # the replay audit's very check, as the row is written
+        tools = traj.toolbox.schemas() if traj.toolbox else None
+        row["tokens_consistent"] = audit_tokens(row, renderer, tools).ok
+    return row
 
 
 @dataclass
@@ -196,23 +157,24 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
     run_id = config.run_id()
     envs = [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
             for spec in config.envs]
-    writer = ShardWriter(config.out, worker_name(config.shard_index, config.num_shards),
-                         max_rows=config.max_rows_per_shard)
-    done = writer.existing_ids()
-    todo = [(e, t) for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)
-            and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
-    skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)) * config.n
-    skipped -= len(todo) * config.n
-    engine = engine or make_engine(config)
-    renderer = make_renderer(engine, config.model)
-    started = time.perf_counter()
-    stats = {"written": 0, "tokens": 0}
-    try:
-        interrupted = asyncio.run(until_done_or_ctrl_c(
-            _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs)))
-    finally:
-        writer.flush()
-        writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
+    # Before the engine starts: a folder of another run, or one another process writes, is refused at once.
+    with ShardWriter(config.out, worker_name(config.shard_index, config.num_shards), run_id=run_id,
+                     max_rows=config.max_rows_per_shard, flush_every_s=config.flush_every_s) as writer:
+        done = writer.existing_ids()
+        todo = [(e, t) for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)
+                and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
+        skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards))
+        skipped = (skipped - len(todo)) * config.n
+        engine = engine or make_engine(config)
+        renderer = make_renderer(engine, config.model)
+        started = time.perf_counter()
+        stats = {"written": 0, "tokens": 0}
+        try:
+            interrupted = asyncio.run(until_done_or_ctrl_c(
+                _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs)))
+        finally:
+            writer.flush()
+            writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
     if interrupted:  # after the flush: every finished group is stored, and the same config resumes the run
         raise KeyboardInterrupt
     return RunSummary(Path(config.out), run_id, stats["written"], skipped, writer.shards(),
@@ -225,11 +187,24 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
     pending = iter(todo)
     one_flush = asyncio.Lock()
 
-    def store_shard(rows: list) -> None:  # in a thread: generation goes on while the shard is encoded and fsynced
-        writer.write_shard(rows)
+    def store_shard(shard: PendingShard) -> None:  # in a thread: generation goes on while it is encoded and fsynced
+        writer.write_shard(shard)
         writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))  # lists it at once
 
-    with RolloutProgress(len(todo), config.n, enabled=progress) as bar:
+    async def store_due() -> None:
+        if writer.due:
+            async with one_flush:  # one write at a time; rows are taken only once it is this write's turn, so a
+                shard = writer.take()  # cancelled wait leaves them buffered for the final flush
+                if shard is not None:
+                    await asyncio.to_thread(store_shard, shard)
+
+    async def by_time() -> None:  # groups finished while no other group finishes still reach disk in time
+        while True:
+            await asyncio.sleep(writer.flush_every_s / 4)
+            await store_due()
+
+    stored = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)) - len(todo)
+    with RolloutProgress(len(todo) + stored, config.n, stored=stored, enabled=progress) as bar:
         async def worker() -> None:
             # A bounded pool: `concurrency` workers pull groups one at a time, so only that many groups
             # (coroutines, trajectories, rows) exist at once, whatever the number of tasks.
@@ -238,16 +213,17 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
                 trajs = await run_group(task, config.n, ctx)
                 rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
                 writer.add_group(rows, flush=False)
-                if writer.full:
-                    shard = writer.take()  # here, so the shard holds exactly these rows
-                    async with one_flush:  # shards are written one at a time, in order
-                        await asyncio.to_thread(store_shard, shard)
+                await store_due()
                 tokens = sum(sum(r["completion_mask"]) for r in rows)
                 stats["written"] += len(rows)
                 stats["tokens"] += tokens
-                bar.advance(len(rows), tokens)
+                bar.advance(rows, tokens)
 
-        await asyncio.gather(*(worker() for _ in range(min(config.concurrency, len(todo)))))
+        timer = asyncio.ensure_future(by_time())
+        try:
+            await asyncio.gather(*(worker() for _ in range(min(config.concurrency, len(todo)))))
+        finally:
+            timer.cancel()  # a write it started finishes in its thread before asyncio.run returns
 
 
 def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:

@@ -3,6 +3,7 @@
     choice = VerifierChoice({"arithmetic": "my_envs/arith_v2.py"})   # rows of arithmetic; others: current
     choice = VerifierChoice("my_envs/arith_v2.py")                   # the one env the rows hold
     choice = VerifierChoice(env_revision="org/arith@3f1c2e9", pin="sha256:...")  # rows of that repo's env
+    choice = VerifierChoice({"guess": "g2.py"}, ["org/arith@3f1c2e9"], pin=["org/arith=sha256:..."])  # one per env
     spec = choice.spec("arithmetic")                                 # resolved once per env
 
 The choice is resolved in the main process, one env at a time as rows of it arrive, into a
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from hubgym.errors import EnvNotFoundError, RescoreError, VerifierLoadError, Where
+from hubgym.errors import RescoreError, VerifierLoadError, Where
+from hubgym.resolve import hub_verifier, stored_env_verifier
 from hubgym.verifiers.contract import Verifier, load_verifier
 
 VerifierArg = str | Mapping[str, str] | Sequence[str] | None
@@ -73,16 +75,31 @@ def parse_verifier_arg(verifier: VerifierArg) -> dict[str | None, str]:
     return parsed
 
 
-class VerifierChoice:
-    """The verifier for each env, resolved the first time rows of that env are seen."""
+RevisionArg = str | Sequence[str] | None
+PinArg = str | Mapping[str, str] | Sequence[str] | None
 
-    def __init__(self, verifier: VerifierArg = None, env_revision: str | None = None, *, trust: bool = False,
-                 pin: str | None = None, hub=None):
+
+class VerifierChoice:
+    """The verifier for each env, chosen by the user and resolved the first time rows of that env are seen.
+
+    Each env has one source: a module given for it (`ENV=MODULE`), the verifier of a hub env revision of that
+    env (pinned or trusted), a module given without an env (the one env no other source covers), or else the
+    env's current registered verifier. A row's env value itself never names code (see hubgym.resolve).
+    """
+
+    def __init__(self, verifier: VerifierArg = None, env_revision: RevisionArg = None, *, trust: bool = False,
+                 pin: PinArg = None, hub=None):
         self.modules = parse_verifier_arg(verifier)
-        if self.modules and env_revision:
-            raise RescoreError("give --verifier or --env-revision, not both: --env-revision already names the "
-                               "verifier of its env")
-        self.hub_env = hub_verifier(env_revision, trust=trust, pin=pin, hub=hub) if env_revision else None
+        revisions = [env_revision] if isinstance(env_revision, str) else list(env_revision or [])
+        pins = parse_pins(pin, revisions)
+        self.hub_envs: dict[str, tuple[Verifier, str, str]] = {}  # env -> (verifier, org/name@<commit>, as given)
+        for ref in revisions:
+            env, loaded, pinned = hub_verifier(ref, trust=trust, pin=pins.get(ref.split("@")[0]), hub=hub)
+            if env in self.hub_envs or env in self.modules:
+                other = self.hub_envs[env][2] if env in self.hub_envs else f"--verifier {env}={self.modules[env]}"
+                raise RescoreError(f"two verifiers given for env {env!r}: --env-revision {ref} and {other}; give one "
+                                   f"source per env")
+            self.hub_envs[env] = (loaded, pinned, ref)
         self.specs: dict[str, VerifierSpec] = {}
 
     def spec(self, env: str) -> VerifierSpec:
@@ -94,15 +111,18 @@ class VerifierChoice:
         """The verifiers asked for that scored no row (an env name that matches none of the rows, say)."""
         envs = set(self.specs)
         given = [f"--verifier {env}={module}" for env, module in self.modules.items() if env and env not in envs]
-        if None in self.modules and not any(s.origin == "module" for s in self.specs.values()):
+        if None in self.modules and not any(s.origin == "module" and s.env not in self.modules
+                                            for s in self.specs.values()):
             given.append(f"--verifier {self.modules[None]}")
-        if self.hub_env is not None and self.hub_env[0] not in envs:
-            given.append(f"--env-revision {self.hub_env[2]} (env {self.hub_env[0]!r})")
+        given += [f"--env-revision {ref} (env {env!r})" for env, (_, _, ref) in self.hub_envs.items() if env not in envs]
         return given
 
     def _resolve(self, env: str) -> VerifierSpec:
         if env in self.modules:
             return VerifierSpec.of(_load_module(self.modules[env], env), env, "module")
+        if env in self.hub_envs:
+            verifier, pinned, _ = self.hub_envs[env]
+            return VerifierSpec.of(verifier, env, pinned)
         if None in self.modules:
             bound = [e for e, s in self.specs.items() if s.origin == "module" and e not in self.modules]
             if bound:
@@ -110,37 +130,27 @@ class VerifierChoice:
                                    f"{bound[0]!r} and {env!r}; say which env it scores: --verifier "
                                    f"{bound[0]}={self.modules[None]} (other envs keep their current verifier)")
             return VerifierSpec.of(_load_module(self.modules[None], env), env, "module")
-        if self.hub_env is not None and self.hub_env[0] == env:
-            return VerifierSpec.of(self.hub_env[1], env, self.hub_env[2])
-        return VerifierSpec.of(_current(env), env, "registry")
+        return VerifierSpec.of(stored_env_verifier(env), env, "registry")
+
+
+def parse_pins(pin: PinArg, revisions: Sequence[str]) -> dict[str, str]:
+    """`REPO=sha256:<hex>` (repeatable) or {repo: pin} -> {repo: pin}; a bare `sha256:<hex>` pins the one revision."""
+    if pin is None:
+        return {}
+    if isinstance(pin, Mapping):
+        return {str(repo).split("@")[0]: str(value) for repo, value in pin.items()}
+    pins: dict[str, str] = {}
+    for item in [pin] if isinstance(pin, str) else pin:
+        repo, sep, value = str(item).partition("=")
+        if not sep:
+            if len(revisions) != 1:
+                raise RescoreError(f"--pin {item} names no repo, and {len(revisions)} env revisions are given; write "
+                                   f"--pin REPO=sha256:<hex> for each")
+            repo, value = revisions[0], str(item)
+        pins[repo.split("@")[0]] = value
+    return pins
 
 
 def _load_module(ref: str, env: str) -> Verifier:
     """A module name, or a .py path made absolute (worker processes may resolve paths elsewhere)."""
     return load_verifier(str(Path(ref).resolve()) if ref.endswith(".py") else ref, env=env)
-
-
-def _current(env: str) -> Verifier:
-    from hubgym.builders.registry import resolve_env
-
-    try:
-        return resolve_env(env).verifier()
-    except EnvNotFoundError as exc:
-        raise EnvNotFoundError(f"rows of env {env!r} have no verifier to re-score them with: {exc}. Give one with "
-                               f"--verifier {env}=MODULE or --env-revision ORG/NAME@REVISION") from None
-
-
-def hub_verifier(ref: str, *, trust: bool, pin: str | None, hub) -> tuple[str, Verifier, str]:
-    """(env, verifier, "org/name@<commit>") of a hub env revision: its metadata only, no task data.
-
-    The same steps as `load_env` up to the verifier, so the same pin/trust rules apply.
-    """
-    from hubgym.hub.base import get_hub, parse_ref
-    from hubgym.hub.manifest import METADATA_FILES, read_manifest
-    from hubgym.hub.trust import load_hub_verifier
-
-    repo, revision = parse_ref(ref)
-    meta = get_hub(hub).resolve(repo, revision, patterns=METADATA_FILES)
-    pinned = f"{repo}@{meta.revision}"
-    manifest = read_manifest(meta.path, pinned)
-    return manifest["env"], load_hub_verifier(meta.path, manifest, pinned, trust=trust, pin=pin), pinned

@@ -14,7 +14,9 @@ first assistant turn, 0 = the reset) and field. Tool results are not re-run (re-
 Tokens: the chat template is applied again to the stored messages; the stored `prompt_ids +
 completion_ids`, decoded, must read as that rendering. A template that rewrites earlier turns
 (Qwen3-style removal of past reasoning, say) fails here, with the first stored token it does not
-produce, the turn that token belongs to and the text around it on both sides.
+produce, the turn that token belongs to and the text around it on both sides. The audit is the
+rollout writer's own check (`hubgym.rollout.tokens.audit_tokens`): a row stored with
+`tokens_consistent` true passes it, one stored false fails it.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from hubgym.errors import EnvNotFoundError, RolloutNotFoundError, VerifierLoadError, Where
+from hubgym.errors import RolloutNotFoundError, VerifierLoadError, Where
+from hubgym.rollout.tokens import ChatRenderer, TokenAudit
+from hubgym.rollout.tokens import audit_tokens as audit_row
+from hubgym.score.choice import VerifierArg, VerifierChoice, load_spec
 from hubgym.verifiers.contract import Verifier
 
 CUT = ("length", "context_length")  # finish reasons of a reply cut short: the loop does not step it
-CONTEXT = 40  # characters of text shown on each side of a token-audit mismatch
 
 
 @dataclass(frozen=True)
@@ -43,22 +47,6 @@ class Divergence:
 
     def __str__(self) -> str:
         return f"turn {self.turn} {self.field}: stored {self.stored!r}, replayed {self.replayed!r}"
-
-
-@dataclass(frozen=True)
-class TokenAudit:
-    """Whether the stored token ids are the chat template's rendering of the stored messages."""
-
-    tokens: int  # len(prompt_ids) + len(completion_ids)
-    index: int | None = None  # first stored token (into prompt_ids + completion_ids) the template does not produce
-    turn: int | None = None  # assistant turn that token belongs to (0 = the prompt)
-    part: str | None = None  # prompt | model (sampled, mask 1) | env (tool/env/template, mask 0)
-    stored: str = ""  # decoded stored text around the mismatch
-    rendered: str = ""  # the template's text at the same place
-
-    @property
-    def ok(self) -> bool:
-        return self.index is None
 
 
 @dataclass
@@ -224,31 +212,13 @@ def _same(stored: float | None, replayed: float) -> bool:
 
 
 def audit_tokens(row: dict[str, Any], tokenizer_or_renderer: Any) -> TokenAudit:
-    """Check that the stored ids, decoded, read as the chat template's rendering of the stored messages.
-
-    Compared as text, not ids: the model may sample a spelling the tokenizer would not produce
-    (that is not an error). The first stored token whose text leaves the rendering is reported.
-    """
-    renderer = as_renderer(tokenizer_or_renderer)
-    ids = list(row["prompt_ids"]) + list(row["completion_ids"])
-    if not ids:
-        return TokenAudit(0)
-    messages = list(row["prompt"]) + list(row["completion"])
-    # The record ends with a generation prompt exactly when the last message is not the model's.
-    rendered = renderer.render(messages, _tools(row), add_generation_prompt=messages[-1]["role"] != "assistant")
-    stored = _decode(renderer, ids)
-    at = _common_prefix(stored, rendered)
-    if at == len(stored):
-        return TokenAudit(len(ids))
-    index = _first_token_past(renderer, ids, at)
-    turn, part = _turn_of(row, index)
-    return TokenAudit(len(ids), index, turn, part, _around(stored, at), _around(rendered, at))
+    """The token audit of one row: `hubgym.rollout.tokens.audit_tokens`, the very check the rollout writer
+    records as `tokens_consistent`, with a tokenizer, a renderer or a model folder."""
+    return audit_row(row, as_renderer(tokenizer_or_renderer))
 
 
-def as_renderer(tokenizer_or_renderer: Any):
+def as_renderer(tokenizer_or_renderer: Any) -> ChatRenderer:
     """A ChatRenderer from a renderer, a tokenizer, or a model folder."""
-    from hubgym.rollout.tokens import ChatRenderer
-
     if isinstance(tokenizer_or_renderer, ChatRenderer):
         return tokenizer_or_renderer
     if isinstance(tokenizer_or_renderer, (str, Path)):
@@ -258,70 +228,18 @@ def as_renderer(tokenizer_or_renderer: Any):
     return ChatRenderer(tokenizer_or_renderer)
 
 
-def _tools(row: dict[str, Any]) -> list[dict] | None:
-    """The tool schemas the loop rendered into the prompt."""
-    if not row["interaction"]["tools"]:
-        return None
-    from hubgym.tools.registry import make_toolbox
-
-    return make_toolbox(row["interaction"]["tools"], _task(row, row["prompt"])).schemas()
-
-
-def _decode(renderer, ids: list[int]) -> str:
-    # The fast tokenizer's own decoder when there is one: no clean-up of spaces, and no per-id type checks.
-    backend = getattr(renderer.tokenizer, "backend_tokenizer", None)
-    text = backend.decode(ids, skip_special_tokens=False) if backend else renderer.tokenizer.decode(ids)
-    # A reply cut by max_tokens may end inside a multi-byte character: decoded as U+FFFD, absent from the message.
-    return text.rstrip("\ufffd")
-
-
-def _first_token_past(renderer, ids: list[int], at: int) -> int:
-    """The smallest k whose decoded prefix ids[:k+1] reaches past character `at` (binary search: O(log n) decodes)."""
-    lo, hi = 0, len(ids) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if len(_decode(renderer, ids[:mid + 1])) > at:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-def _turn_of(row: dict[str, Any], index: int) -> tuple[int, str]:
-    """(assistant turn, part) of a stored token: the prompt is turn 0; each run of sampled tokens starts a turn."""
-    prompt = len(row["prompt_ids"])
-    if index < prompt:
-        return 0, "prompt"
-    mask = list(row["completion_mask"])[: index - prompt + 1]
-    turn = sum(1 for j, m in enumerate(mask) if m == 1 and (j == 0 or mask[j - 1] == 0))
-    return turn, "model" if mask and mask[-1] == 1 else "env"
-
-
-def _around(text: str, at: int) -> str:
-    return text[max(0, at - CONTEXT):at] + "⟨here⟩" + text[at:at + CONTEXT]
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix (binary search over slice comparisons, which run in C)."""
-    lo, hi = 0, min(len(a), len(b))
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
 # ---- many rows --------------------------------------------------------------------------------------------------
 
 
 def iter_replay(rows: Iterable[dict[str, Any]], *, rollout: str | None = None, renderer: Any = None,
-                verifier: str | None = None) -> Iterator[ReplayResult]:
+                verifier: VerifierArg | VerifierChoice = None) -> Iterator[ReplayResult]:
     """Replay rows one at a time (any iterable: local shards, a Hub stream, a list).
 
-    `verifier` (a module name or .py file) replaces each row's env verifier, as in `hubgym score`.
+    `verifier` chooses each env's verifier as in `hubgym score` (`MODULE`, `ENV=MODULE`, {env: module}, or a
+    VerifierChoice with hub env revisions); other envs use their registered verifier. A row's env never
+    names code by itself (hubgym.resolve).
     """
+    choice = verifier if isinstance(verifier, VerifierChoice) else VerifierChoice(verifier)
     verifiers: dict[str, Verifier] = {}
     found = False
     for row in rows:
@@ -329,7 +247,7 @@ def iter_replay(rows: Iterable[dict[str, Any]], *, rollout: str | None = None, r
             continue
         found = True
         if row["env"] not in verifiers:
-            verifiers[row["env"]] = _verifier_for(row, verifier)
+            verifiers[row["env"]] = load_spec(choice.spec(row["env"]))
         yield replay_rollout(row, verifiers[row["env"]], renderer)
     if rollout is not None and not found:
         raise RolloutNotFoundError(f"no rollout {rollout!r} in the rows replayed; rollout ids read "
@@ -338,7 +256,7 @@ def iter_replay(rows: Iterable[dict[str, Any]], *, rollout: str | None = None, r
 
 
 def replay(source: str | os.PathLike | Iterable, *, rollout: str | None = None, model: str | Path | None = None,
-           hub: str | None = None, verifier: str | None = None) -> ReplayReport:
+           hub: str | None = None, verifier: VerifierArg | VerifierChoice = None) -> ReplayReport:
     """Replay every row of `source` (run folders, shard files, hub refs, or an iterable of row dicts).
 
     With `model` (a model folder, tokenizer or ChatRenderer) every row's tokens are audited too.
@@ -358,16 +276,3 @@ def rows_of(source: str | os.PathLike | Iterable, hub: str | None = None) -> Ite
     if isinstance(source, (list, tuple)) and all(isinstance(s, (str, os.PathLike)) for s in source):
         return iter_rollouts(list(source), hub=hub)
     return source
-
-
-def _verifier_for(row: dict[str, Any], module: str | None) -> Verifier:
-    from hubgym.builders.registry import resolve_env
-    from hubgym.verifiers.contract import load_verifier
-
-    if module:
-        return load_verifier(module, env=row["env"])
-    try:
-        return resolve_env(row["env"]).verifier()
-    except EnvNotFoundError as exc:
-        raise EnvNotFoundError(f"{exc}; replaying rollouts of env {row['env']!r} needs its verifier: install the env "
-                               f"or pass --verifier (a module name or .py file)") from None

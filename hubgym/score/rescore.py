@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import ShardError
-from hubgym.score.choice import VerifierArg, VerifierChoice, VerifierSpec
+from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
 from hubgym.score.output import RescoreOutput
 from hubgym.score.scoring import RESCORE_SCHEMA, SCORED_COLUMNS, score_batch, score_ipc, slim, to_ipc
@@ -59,14 +59,14 @@ class RescoreResult:
         return self.rows / max(self.seconds, 1e-9)
 
 
-def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: str | None = None,
-            out: str | Path | None = None, workers: int | None = None, trust: bool = False, pin: str | None = None,
+def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: RevisionArg = None,
+            out: str | Path | None = None, workers: int | None = None, trust: bool = False, pin: PinArg = None,
             hub=None, progress: Progress | None = None) -> RescoreResult:
     """Re-score every row of `source` (run folders, shard files, hub refs or record batches).
 
     verifier: `MODULE` (the rows' one env), `ENV=MODULE` (repeatable) or {env: module}; other envs
-    keep their current verifier. env_revision: `org/name@rev`, whose verifier scores rows of its env
-    (runs only if pinned by `pin` or `trust`). workers: processes (1 = in-process; default: every core
+    keep their current verifier. env_revision: `org/name@rev` (or several), whose verifier scores rows of its
+    env (runs only if pinned by `pin`, `REPO=sha256:...` per repo, or `trust`); one source per env. workers: processes (1 = in-process; default: every core
     when the work is worth starting a pool, see Scorer).
     """
     started = time.perf_counter()
@@ -177,7 +177,7 @@ def _run_id(run_ids: set) -> str:
     return f"{next(iter(run_ids))}-rescored" if len(run_ids) == 1 else "rescored"
 
 
-def _record(result: RescoreResult, sources: list[str], verifier: VerifierArg, env_revision: str | None) -> dict:
+def _record(result: RescoreResult, sources: list[str], verifier: VerifierArg, env_revision: RevisionArg) -> dict:
     return {
         "sources": sources, "verifier": verifier, "env_revision": env_revision, "rows": result.rows,
         "changed": result.changed, "seconds": round(result.seconds, 3), "counts": result.counts.to_dicts(),

@@ -29,10 +29,12 @@ from typing import Any
 
 from hubgym.errors import RolloutsStopped
 from hubgym.hub.rollouts import iter_rollouts
+from hubgym.resolve import EnvTasks, load_env_tasks
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
-from hubgym.rollout.run import EnvTasks, RolloutConfig, load_env_tasks, to_row
+from hubgym.rollout.run import RolloutConfig, to_row
 from hubgym.rollout.tokens import ChatRenderer
+from hubgym.rollout.runlock import RunLock
 from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import ConfigError
 
@@ -83,7 +85,13 @@ class OnlineProducer:
 
     def produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
                 groups: int) -> list[dict[str, Any]]:
-        """One step's rows (complete groups) sampled by policy `version`, or read back after a resume."""
+        """One step's rows (complete groups) sampled by policy `version`, or read back after a resume. The step's
+        part of OUT is locked from the check for stored rows to the write (another trainer on OUT is refused)."""
+        with RunLock(self.out_dir, self.worker(step)):
+            return self._produce(engine, renderer, step, version, groups)
+
+    def _produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
+                 groups: int) -> list[dict[str, Any]]:
         stored = self._stored(step)
         if stored is not None:
             return stored
@@ -94,10 +102,11 @@ class OnlineProducer:
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
         if rows is None:
             raise RolloutsStopped(f"online step {step}: rollouts cancelled, the run is stopping; nothing was stored")
-        writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1))
+        writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1), lock=False)
         writer.add_group(rows, flush=False)
-        rows = writer.take()  # in stored order, so a resumed run that reads them back streams the same order
-        writer.write_shard(rows)
+        shard = writer.take()  # in stored order, so a resumed run that reads them back streams the same order
+        writer.write_shard(shard)
+        rows = shard.rows if shard else []
         envs = {e.tasks.env: {"config": e.tasks.config, "tasks": len(e.tasks.tasks),
                               "verifier_module": e.tasks.verifier.name, "verifier_sha256": e.tasks.verifier.sha256,
                               "env_repo": e.tasks.repo, "env_revision": e.tasks.revision} for e in self.envs}

@@ -84,7 +84,7 @@ class Trainer:
 
     def env_weights(self) -> dict[str, float]:
         """Mixture weights by env name (the names rows carry), from the `envs` specs."""
-        from hubgym.rollout.run import load_env_tasks
+        from hubgym.resolve import load_env_tasks
 
         names = {}
         for mix in self.cfg.envs:
@@ -100,6 +100,11 @@ class Trainer:
 
         cfg = self.cfg
         self.policy = Policy(self.model_dir(), deepspeed_settings(cfg))
+        self.reference = None
+        if cfg.loss.beta > 0:  # the KL's reference: the initial weights, loaded before any checkpoint is
+            from hubgym.train.reference import Reference
+
+            self.reference = Reference(self.policy)
         self.weights = self.env_weights()
         client = load_checkpoint(self.policy, self.out / "checkpoints")
         start = client["step"] + 1 if client else 0
@@ -210,8 +215,10 @@ class Trainer:
         if not groups:  # every group was zero-variance or short: nothing to learn from at this step
             metrics["train/empty_step"] = 1
             return metrics
-        shares = pack_step(groups, cfg.batch.micro_batch_tokens, self.policy.world_size)
-        stats = self.policy.train_step(shares[self.policy.rank], make_loss_fn(loss_settings(cfg)))
+        mine = pack_step(groups, cfg.batch.micro_batch_tokens, self.policy.world_size)[self.policy.rank]
+        for batch in mine if self.reference is not None else []:
+            batch.ref_logprobs = self.reference.logprobs(batch)  # the same packed ids as the policy's forward
+        stats = self.policy.train_step(mine, make_loss_fn(loss_settings(cfg)))
         seconds = time.perf_counter() - started
         metrics.update(stats.metrics)
         metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "policy/lr": stats.lr,
