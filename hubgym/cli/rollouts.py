@@ -46,6 +46,7 @@ def rollout(
     max_model_len: Annotated[int, typer.Option(min=16, help="context length")] = 4096,
     shard_index: Annotated[int, typer.Option(min=0, help="this worker's index")] = 0,
     num_shards: Annotated[int, typer.Option(min=1, help="number of workers splitting the tasks")] = 1,
+    concurrency: Annotated[int, typer.Option(min=1, help="groups sampled at once (bounds a run's memory)")] = 256,
     hub: Annotated[Optional[str], typer.Option(help="where org/name@revision envs load from and --push goes: 'hf', "
                                                     "a Hub-API URL or a local hub folder [default: $HUBGYM_HUB]")]
     = None,
@@ -62,8 +63,8 @@ def rollout(
     config = RolloutConfig(envs=envs, model=str(default_tiny_model()) if model == "tiny" else model, out=str(out),
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
-                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards, hub=hub,
-                           trust=trust, pins=_pins(pin or []))
+                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
+                           concurrency=concurrency, hub=hub, trust=trust, pins=_pins(pin or []))
     try:
         summary = run_rollouts(config)
     except KeyboardInterrupt:
