@@ -162,3 +162,13 @@ class BadRowError(HubgymError, ValueError):
 
 class SequenceTooLongError(HubgymError, ValueError):
     """One sequence (prompt + completion) is longer than the micro-batch token budget, so it fits in none."""
+
+
+class RunFolderError(HubgymError, RuntimeError):
+    """A run folder cannot be written by this process: another live process writes the same part of it (`pid`,
+    when known), or it holds another run's rollouts (`run_id`). Nothing was written; the message says what to do
+    (another --out, or wait for the other process)."""
+
+    def __init__(self, message: str, folder: str | None = None, pid: int | None = None, run_id: str | None = None):
+        self.folder, self.pid, self.run_id = folder, pid, run_id
+        super().__init__(message, folder=folder, pid=pid, run_id=run_id)

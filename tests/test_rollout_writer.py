@@ -113,6 +113,7 @@ def test_existing_ids_and_numbering_survive_a_new_writer(tmp_path):
     first = ShardWriter(tmp_path, WORKER, max_rows=2)
     first.add_group(group(0))
     first.add_group(group(1))
+    first.close()  # a part of a run folder has one writer at a time (tests/test_rollout_lock.py)
 
     again = ShardWriter(tmp_path, WORKER, max_rows=2)
     other = ShardWriter(tmp_path, worker_name(1, 2), max_rows=2)
@@ -157,16 +158,15 @@ def test_a_crash_mid_write_leaves_no_visible_shard_and_the_next_writer_cleans_up
 
 
 def test_manifest_is_rewritten_atomically(tmp_path):
-    writer = ShardWriter(tmp_path, WORKER)
     (tmp_path / f".manifest-{WORKER}.json.tmp").write_text("{half")  # left by a crash
 
-    ShardWriter(tmp_path, WORKER)
+    writer = ShardWriter(tmp_path, WORKER)
     path = writer.write_manifest({"rows": 2, "shards": ["a.arrow"]})
     path = writer.write_manifest({"rows": 4, "shards": ["a.arrow", "b.arrow"]})
 
     assert path == tmp_path / f"manifest-{WORKER}.json"
     assert json.loads(path.read_text()) == {"rows": 4, "shards": ["a.arrow", "b.arrow"]}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f"manifest-{WORKER}.json", "shards"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".lock-{WORKER}", f"manifest-{WORKER}.json", "shards"]
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Protocol
 
 from hubgym.errors import EngineError, RequestError
+from hubgym.rollout.reaper import engine_process_env
 from hubgym.schemas.messages import Message, ToolCall
 
 
@@ -139,7 +140,7 @@ class VLLMEngine:
     def _start(self) -> None:
         import vllm
 
-        with _without_rendezvous_env():
+        with _without_rendezvous_env(), engine_process_env():  # vLLM's processes die with this one (reaper.py)
             self.llm = vllm.LLM(**self.llm_args)
         self.tokenizer = self.llm.get_tokenizer()
         _fail_waiters_when_core_dies(self.llm)
@@ -228,11 +229,16 @@ class VLLMEngine:
 
     def sampling_params(self, request: Request, sampling: SamplingArgs) -> Any:
         """The vLLM `SamplingParams` of one request. A subclass may add constraints here (e.g.
-        `structured_outputs` to force a format); logprobs=0 returns the sampled token's logprob."""
+        `structured_outputs` to force a format); logprobs=0 returns the sampled token's logprob.
+
+        The reply text keeps the special tokens the model sampled inside it (vLLM drops them by default; the end
+        of turn it stopped on stays out): the text is then what the sampled ids say, so the verifier scores what
+        the model wrote and the row passes the token audit (`tokens.audit_tokens`) instead of being left out."""
         from vllm import SamplingParams
 
         params = SamplingParams(n=request.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                max_tokens=request.max_tokens, seed=request.seed, logprobs=0)
+                                max_tokens=request.max_tokens, seed=request.seed, logprobs=0,
+                                skip_special_tokens=False, spaces_between_special_tokens=False)
         if sampling.regex:
             from vllm.sampling_params import StructuredOutputsParams
 

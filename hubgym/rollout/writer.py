@@ -10,41 +10,94 @@ Layout of a run folder (one worker shown; N workers write disjoint files side by
 A shard is written to a hidden temporary file, fsynced, then renamed: a crash never leaves a
 half-written shard visible. Rows are added a whole GRPO group at a time, so a shard never
 holds part of a group; on resume, `existing_ids()` says which rollouts are already stored.
+
+Finished groups reach disk within `flush_every_s` seconds, not only when a shard fills: the shard being
+filled (the *open* shard) is then written with the rows it has so far, and written again, under the same
+name, each time more rows are due, until it is full and the next one opens. So a kill loses at most a few
+seconds of sampling, and a run that is not killed ends with the same shards as one flushed by size alone.
+
+A writer holds its part of the run folder for its lifetime (`RunLock`: an OS lock, dropped when the
+process ends in any way) and, given a `run_id`, refuses a folder that holds another run (`claim_run`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
 import pyarrow as pa
 
 from hubgym.fileio import atomic_write_bytes, sha256_file
+from hubgym.rollout.runlock import RunLock, claim_run
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
+
+FLUSH_EVERY_S = 5.0  # a finished group waits at most this long before it is on disk
 
 
 def worker_name(shard_index: int, num_shards: int) -> str:
     return f"w{shard_index:03d}of{num_shards:03d}"
 
 
+@dataclass(frozen=True)
+class PendingShard:
+    """Rows taken for one write of shard `path`: the open shard's rows so far plus the new ones, sorted."""
+
+    path: Path
+    rows: list[Rollout]
+    final: bool  # the shard is full: the next write opens the next shard
+
+
 class ShardWriter:
-    def __init__(self, run_dir: str | Path, worker: str, *, max_rows: int = 512, max_bytes: int = 64 << 20):
+    def __init__(self, run_dir: str | Path, worker: str, *, max_rows: int = 512, max_bytes: int = 64 << 20,
+                 flush_every_s: float = FLUSH_EVERY_S, run_id: str | None = None, lock: bool = True):
         self.run_dir, self.worker = Path(run_dir), worker
+        if run_id is not None:  # before the lock: a folder of another run is refused whoever writes it now
+            claim_run(self.run_dir, run_id)
+        self._lock = RunLock(self.run_dir, worker) if lock else None  # the caller may hold it already
+        try:
+            self._open_folder(max_rows, max_bytes, flush_every_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_folder(self, max_rows: int, max_bytes: int, flush_every_s: float) -> None:
+        worker = self.worker
         self.shard_dir = self.run_dir / "shards"
         self.shard_dir.mkdir(parents=True, exist_ok=True)
-        self.max_rows, self.max_bytes = max_rows, max_bytes
-        self._buffer: list[Rollout] = []
-        self._buffer_bytes = 0
+        self.max_rows, self.max_bytes, self.flush_every_s = max_rows, max_bytes, flush_every_s
+        self._buffer: list[Rollout] = []  # rows not on disk yet
+        self._open: list[Rollout] = []  # rows already in the open shard's file
+        self._bytes = 0  # estimated bytes of _open + _buffer
+        self._buffered_since = 0.0  # time.monotonic() when the oldest buffered row arrived
         stale_temps = [*self.shard_dir.glob(f".{worker}-*.tmp"), *self.run_dir.glob(f".manifest-{worker}.json*.tmp")]
         for stale in stale_temps:  # left by a crash mid-write (only this worker's: others may be writing)
             stale.unlink()
-        self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in self.shards()), default=-1)
-        recorded = self._recorded_files()  # a resumed worker reads only shards its manifest does not list yet
+        shards = self.shards()
+        self._next = 1 + max((int(p.stem.rsplit("-", 1)[1]) for p in shards), default=-1)  # the open shard
+        recorded = self._recorded_files()  # a resumed worker reads only shards its manifest does not list yet;
+        if shards:  # the last one may have been written again after the manifest was: always read it
+            recorded.pop(shards[-1].name, None)
         self._files = {p.name: recorded.get(p.name) or {"rows": _count_rows(p), "sha256": sha256_file(p)}
-                       for p in self.shards()}
-        self.rows_written = sum(f["rows"] for f in self._files.values())
+                       for p in shards}
+
+    def close(self) -> None:
+        """Give the run folder part back to other processes (the process ending does the same)."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def __enter__(self) -> ShardWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def rows_written(self) -> int:
+        return sum(f["rows"] for f in self._files.values())
 
     def _recorded_files(self) -> dict[str, dict[str, Any]]:
         manifest = self.run_dir / f"manifest-{self.worker}.json"
@@ -68,43 +121,62 @@ class ShardWriter:
         return ids
 
     def add_group(self, rows: Iterable[Rollout], flush: bool = True) -> list[Path]:
-        """Buffer one group's rows; returns the shards written by this call (if the buffer filled).
-        With `flush=False` it only buffers: the caller checks `full`, then `take`s the rows and writes them
-        with `write_shard` itself (e.g. in a thread)."""
+        """Buffer one group's rows; returns the shards written by this call (if the shard filled).
+        With `flush=False` it only buffers: the caller checks `full` or `due`, then `take`s the rows and writes
+        them with `write_shard` itself (e.g. in a thread)."""
         rows = list(rows)
+        if rows and not self._buffer:
+            self._buffered_since = time.monotonic()
         self._buffer += rows
-        self._buffer_bytes += sum(_estimate_bytes(r) for r in rows)
+        self._bytes += sum(_estimate_bytes(r) for r in rows)
         return [self.flush()] if flush and self.full else []
 
     @property
     def full(self) -> bool:
-        return len(self._buffer) >= self.max_rows or self._buffer_bytes >= self.max_bytes
+        return len(self._open) + len(self._buffer) >= self.max_rows or self._bytes >= self.max_bytes
 
-    def take(self) -> list[Rollout]:
-        """The buffered rows, for `write_shard`, sorted by group and sample; the buffer starts over empty.
+    @property
+    def due(self) -> bool:
+        """Rows should be written now: the shard is full, or the oldest buffered row waited `flush_every_s`."""
+        waited = time.monotonic() - self._buffered_since
+        return bool(self._buffer) and (self.full or waited >= self.flush_every_s)
+
+    def take(self) -> PendingShard | None:
+        """The next write (None when nothing is buffered): the open shard's rows plus the buffered ones, sorted by
+        group and sample. Write takes with `write_shard` in the order they were taken.
 
         Groups reach the buffer in the order they finish, which depends on timing; a trainer streams
         them in stored order, so a shard stores them sorted and the same rows make the same shard."""
-        rows, self._buffer, self._buffer_bytes = self._buffer, [], 0
-        return sorted(rows, key=lambda row: (row["group"], row["sample"]))
+        if not self._buffer:
+            return None
+        rows = sorted(self._open + self._buffer, key=lambda row: (row["group"], row["sample"]))
+        shard = PendingShard(self.shard_dir / f"{self.worker}-{self._next:05d}.arrow", rows, self.full)
+        self._buffer = []
+        if shard.final:
+            self._open, self._bytes, self._next = [], 0, self._next + 1
+        else:
+            self._open = rows
+        return shard
 
     def flush(self) -> Path | None:
+        """Write what is buffered now (full or not)."""
         return self.write_shard(self.take())
 
-    def write_shard(self, rows: list[Rollout]) -> Path | None:
-        """Write `rows` as the next shard (one call at a time)."""
-        if not rows:
+    def flush_due(self) -> Path | None:
+        """Write what is buffered if it is `due`."""
+        return self.flush() if self.due else None
+
+    def write_shard(self, shard: PendingShard | None) -> Path | None:
+        """Write a taken shard (one call at a time, in the order taken); it replaces an earlier write of it."""
+        if shard is None:
             return None
-        path = self.shard_dir / f"{self.worker}-{self._next:05d}.arrow"
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
-            writer.write_table(_to_table(rows))
+            writer.write_table(_to_table(shard.rows))
         data = sink.getvalue().to_pybytes()
-        atomic_write_bytes(path, data)
-        self._files[path.name] = {"rows": len(rows), "sha256": hashlib.sha256(data).hexdigest()}
-        self.rows_written += len(rows)
-        self._next += 1
-        return path
+        atomic_write_bytes(shard.path, data)
+        self._files[shard.path.name] = {"rows": len(shard.rows), "sha256": hashlib.sha256(data).hexdigest()}
+        return shard.path
 
     def write_manifest(self, manifest: dict[str, Any]) -> Path:
         path = self.run_dir / f"manifest-{self.worker}.json"
