@@ -1,5 +1,7 @@
 """The bubblewrap sandbox and the `python` tool, tried with hostile code: host files, writes outside
-/tmp, the network, fork bombs, memory hogs, endless loops and output floods all stay contained."""
+/tmp, the network, fork bombs, memory hogs (one process or many together), endless loops and output
+floods all stay contained. Limits on the whole call are tried with each bound: a cgroup (what
+`make test` exercises as root) and the memory watchdog."""
 
 import json
 import os
@@ -17,10 +19,12 @@ import hubgym.tools.python as python_tool
 from hubgym.errors import SandboxUnavailableError
 from hubgym.schemas import tool_call
 from hubgym.tools import Toolbox, get_tool
+from hubgym.tools.limits import cgroup_layout
 from hubgym.tools.sandbox import SandboxConfig, run_sandboxed
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = SandboxConfig(timeout_s=5, cpu_s=5, memory_mb=512, max_procs=16, max_output_bytes=20_000)
+BOUNDS = ["cgroup", "watchdog"]  # what bounds a whole call; "auto" picks the first that works
 
 
 def _run(code: str, **limits) -> dict:
@@ -40,6 +44,17 @@ def _host_processes_with(marker: str) -> list[str]:
         except OSError:  # the process ended while we looked
             continue
     return found
+
+
+def _call_cgroups() -> list[Path]:
+    """The call cgroups of this test process that exist now (their names carry our pid)."""
+    layout, _ = cgroup_layout()
+    parents = {p for p in (layout or ())[1:] if p}
+    return [path for parent in parents for path in Path(parent).glob(f"hubgym-{os.getpid()}-*")]
+
+
+def _assert_nothing_left(marker: str) -> None:
+    assert _host_processes_with(marker) == [] and _call_cgroups() == []
 
 
 def test_runs_code_and_keeps_streams_apart():
@@ -126,7 +141,8 @@ print(json.dumps({{"connect": outcome, "dns": dns, "interfaces": [n for _, n in 
     assert seen == {"connect": "ConnectionRefusedError", "dns": "gaierror", "interfaces": ["lo"]}
 
 
-def test_process_limit_holds_and_children_die_with_the_run():
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_process_limit_holds_and_children_die_with_the_run(bound):
     marker = f"31.{uuid.uuid4().int % 10**9}"
     result = run_sandboxed(f"""
 import os
@@ -140,13 +156,14 @@ for _ in range(100):
         os.execv("/bin/sleep", ["sleep", "{marker}"])
     started += 1
 print(started)
-""", FAST)
-    assert result.exit_code == 0
+""", SandboxConfig(**{**vars(FAST), "call_bound": bound}))
+    assert result.exit_code == 0 and result.call_bound.startswith(bound)
     assert 1 <= int(result.stdout) < FAST.max_procs
-    assert _host_processes_with(marker) == []  # the sleepers went with the sandbox
+    _assert_nothing_left(marker)  # the sleepers went with the sandbox
 
 
-def test_fork_bomb_is_contained():
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_fork_bomb_is_contained(bound):
     marker = f"bomb-{uuid.uuid4().hex}"
     result = run_sandboxed(f"""
 import os, sys
@@ -157,19 +174,160 @@ while True:
         os.fork()
     except OSError:
         pass
-""", SandboxConfig(timeout_s=1.5, cpu_s=5, max_procs=16))
-    assert result.timed_out and result.exit_code == -signal.SIGKILL
-    assert _host_processes_with(marker) == []
+""", SandboxConfig(timeout_s=1.5, cpu_s=5, max_procs=16, call_bound=bound))
+    assert result.timed_out and result.exit_code == -signal.SIGKILL and not result.memory_exceeded
+    _assert_nothing_left(marker)
     assert subprocess.run([sys.executable, "-c", "print('fine')"], capture_output=True).stdout == b"fine\n"
 
 
+@pytest.mark.parametrize("bound", BOUNDS)
 @pytest.mark.parametrize("code", [
     "x = bytearray(2 * 1024 ** 3)",
-    "hog = []\nwhile True:\n    hog.append(bytearray(10 ** 7))",
+    "hog = []\nwhile True:\n    hog.append(b'x' * 10 ** 7)",
 ])
-def test_memory_hog_gets_memory_error(code):
-    result = run_sandboxed(code, SandboxConfig(memory_mb=256))
-    assert result.exit_code == 1 and result.stderr.rstrip().endswith("MemoryError")
+def test_memory_hog_gets_memory_error(code, bound):
+    """One process past the limit fails at once (RLIMIT_AS): the program sees MemoryError, not a kill."""
+    result = run_sandboxed(code, SandboxConfig(memory_mb=256, call_bound=bound))
+    assert result.exit_code == 1 and result.stderr.rstrip().endswith("MemoryError"), result
+    assert not result.memory_exceeded and result.call_bound.startswith(bound)
+
+
+# Holders each write (so make resident) `mb` MB, then wait until the main program has seen all of
+# them holding at once; detached ones are grandchildren in their own session, re-parented to the
+# sandbox's pid 1, that close their output. Unbounded, the program prints "held" and exits 0.
+HOLDERS = """
+import os, sys
+ready_r, ready_w = os.pipe()
+release_r, release_w = os.pipe()
+for _ in range({n}):
+    if os.fork() == 0:
+        os.close(release_w)
+        if {detach}:
+            if os.fork():
+                os._exit(0)
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.set_inheritable(ready_w, True)
+            os.set_inheritable(release_r, True)
+            os.execv(sys.executable, [sys.executable, "-c", "import os, sys; hold = b'x' * ({mb} << 20); "
+                     "os.write({{ready_w}}, b'1'); os.read({{release_r}}, 1)".format(**locals()), "{marker}"])
+        hold = b"x" * ({mb} << 20)
+        os.write(ready_w, b"1")
+        os.read(release_r, 1)  # returns once the main program closes release_w (or dies)
+        os._exit(0)
+os.close(release_w)
+seen = 0
+while seen < {n}:
+    seen += len(os.read(ready_r, {n}))
+print("held", {n} * {mb}, "MB")
+"""
+
+
+def _holders(n: int, mb: int, detach: bool, marker: str) -> str:
+    return HOLDERS.format(n=n, mb=mb, detach=detach, marker=marker)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+@pytest.mark.parametrize("detach", [False, True], ids=["children", "detached"])
+def test_processes_together_past_the_call_limit_are_stopped(bound, detach):
+    """Each holder is far under the per-process limit; together they pass the call's, so the call stops."""
+    marker = f"holder-{uuid.uuid4().hex}"
+    config = SandboxConfig(timeout_s=20, memory_mb=256, max_procs=16, call_bound=bound)
+    result = run_sandboxed(_holders(4, 100, detach, marker), config)
+    assert result.memory_exceeded and not result.timed_out, result
+    assert "held" not in result.stdout and result.exit_code == -signal.SIGKILL
+    assert result.call_bound.startswith(bound)  # "cgroup v1" / "cgroup v2": the real mechanism ran
+    _assert_nothing_left(marker)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_processes_together_under_the_call_limit_run_normally(bound):
+    """Eight forked interpreters of 16 MB each: shared pages count once (PSS), not once per process."""
+    marker = f"holder-{uuid.uuid4().hex}"
+    result = run_sandboxed(_holders(8, 16, False, marker), SandboxConfig(memory_mb=256, max_procs=16,
+                                                                         call_bound=bound))
+    assert (result.stdout, result.exit_code, result.memory_exceeded) == ("held 128 MB\n", 0, False), result
+    assert result.call_bound.startswith(bound)
+    _assert_nothing_left(marker)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_a_process_spawner_is_bounded_in_memory_and_time(bound):
+    """A loop that keeps forking holders is stopped for memory; one that forks sleepers, at the clock."""
+    marker = f"spawner-{uuid.uuid4().hex}"
+    spawner = """
+import os, sys, time
+if sys.argv[-1] != "{marker}":
+    os.execv(sys.executable, [sys.executable, "main.py", "{marker}"])  # mark every process
+while True:
+    try:
+        if os.fork() == 0:
+            hold = b"x" * ({mb} << 20)
+            time.sleep(1000)
+    except OSError:
+        time.sleep(0.01)
+"""
+    config = SandboxConfig(timeout_s=3, memory_mb=256, max_procs=16, call_bound=bound)
+    grows = run_sandboxed(spawner.format(mb=32, marker=f"1{marker}"), config)
+    assert grows.memory_exceeded and not grows.timed_out, grows
+    keeps = run_sandboxed(spawner.format(mb=0, marker=f"2{marker}"), config)
+    assert keeps.timed_out and not keeps.memory_exceeded, keeps
+    _assert_nothing_left(marker)
+
+
+@pytest.mark.parametrize("bound", BOUNDS)
+def test_detached_children_do_not_outlive_the_call(bound):
+    """Grandchildren that leave the session and close their output die when the main program ends."""
+    marker = f"{uuid.uuid4().int % 10**9}"
+    result = run_sandboxed(f"""
+import os
+for _ in range(3):
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.execv("/bin/sleep", ["sleep", "{marker}"])
+        os._exit(0)
+    os.wait()
+print("main done")
+""", SandboxConfig(**{**vars(FAST), "call_bound": bound}))
+    assert (result.stdout, result.exit_code, result.timed_out) == ("main done\n", 0, False), result
+    _assert_nothing_left(marker)
+
+
+def test_without_cgroups_auto_falls_back_to_the_watchdog():
+    """With a read-only cgroupfs "auto" bounds calls with the watchdog, and "cgroup" says why it cannot."""
+    script = f"""
+import json
+from hubgym.errors import SandboxUnavailableError
+from hubgym.tools.sandbox import SandboxConfig, run_sandboxed
+result = run_sandboxed({_holders(4, 100, False, "unprivileged")!r}, SandboxConfig(timeout_s=20, memory_mb=256))
+try:
+    run_sandboxed("print(1)", SandboxConfig(call_bound="cgroup"))
+    refusal = None
+except SandboxUnavailableError as exc:
+    refusal = str(exc)
+print(json.dumps([result.call_bound, result.memory_exceeded, result.stdout, refusal]))
+"""
+    argv = [sys.executable, "-c", script]
+    if os.geteuid() == 0:  # in a mount namespace of its own, every cgroup mount made read-only
+        mounts = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                  if " - cgroup" in line]
+        remount = 'for m; do [ "$m" = -- ] && break; mount -o remount,bind,ro "$m" || exit 99; shift; done; shift'
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c", f'{remount}; exec "$@"', "sh",
+                *mounts, "--", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    bound, exceeded, stdout, refusal = json.loads(done.stdout.splitlines()[-1])
+    assert (bound, exceeded, stdout) == ("watchdog", True, "")
+    assert refusal.startswith("SandboxConfig(call_bound='cgroup') needs a cgroup with the memory controller")
+    assert refusal.endswith("Fix: run as root with the cgroup filesystem mounted read-write, or use "
+                            "call_bound='auto', which falls back to a memory watchdog")
+    assert "cannot bound calls with a cgroup" in done.stderr  # said once, as a warning
 
 
 def test_endless_loop_times_out():
@@ -224,6 +382,9 @@ def test_config_is_validated():
         SandboxConfig(memory_mb=8)
     with pytest.raises(ValueError, match=r"^SandboxConfig.timeout_s=0 is too small: it must be >= 0.01. Fix: "):
         SandboxConfig(timeout_s=0)
+    with pytest.raises(ValueError, match=r"^SandboxConfig.call_bound='rlimit' is not one of auto, cgroup, watchdog\. "
+                                         r"Fix: use 'auto' "):
+        SandboxConfig(call_bound="rlimit")
 
 
 # --- the python tool -------------------------------------------------------------------------------
@@ -262,3 +423,12 @@ def test_python_tool_stopped_programs_are_failed_calls(monkeypatch, code, kind, 
     outcome = _python(code)
     assert outcome.error["type"] == kind and outcome.error["message"].startswith(start)
     assert outcome.message["content"] == f"Error: {kind}: {outcome.error['message']}"
+
+
+def test_python_tool_reports_a_call_stopped_for_memory(monkeypatch):
+    monkeypatch.setattr(python_tool, "PYTHON_SANDBOX", SandboxConfig(timeout_s=20, memory_mb=256, max_procs=16))
+    outcome = _python(_holders(4, 100, False, f"tool-{uuid.uuid4().hex}"))
+    assert outcome.error["type"] == "MemoryError", outcome.message
+    assert outcome.error["message"] == ("the program used more than the 256 MB memory limit (all of its processes "
+                                        "together) and was stopped")
+    assert outcome.message["content"] == f"Error: MemoryError: {outcome.error['message']}"

@@ -1,10 +1,11 @@
 """The `python` tool: run a model-written program in the bubblewrap sandbox and return its output.
 
 What counts as a failed call (the tool raises, so the Toolbox answers "Error: ..." and records a
-RowError): the sandbox is unavailable, the program ran past its time, flooded its output, or was
-killed by a signal (CPU limit, crash). A program that merely exits non-zero (an exception, a
-failed assertion, sys.exit(1)) is a successful call: its traceback is the answer the model needs,
-so it is returned as text followed by "[exit status N]".
+RowError): the sandbox is unavailable, the program ran past its time, used more memory than the
+call may (all of its processes together), flooded its output, or was killed by a signal (CPU
+limit, crash). A program that merely exits non-zero (an exception, a failed assertion,
+sys.exit(1)) is a successful call: its traceback is the answer the model needs, so it is
+returned as text followed by "[exit status N]".
 """
 
 # No `from __future__ import annotations`: the @tool decorator reads the hints as objects.
@@ -29,13 +30,17 @@ def python(code: str) -> str:
 
     Every call is a fresh, isolated process: no network, no files or variables from earlier calls.
     The standard library and installed packages can be imported. Values of bare expressions are
-    not shown, so print what you need. Limits: 10 seconds and 1 GB of memory per call.
+    not shown, so print what you need. Limits: 10 seconds and 1 GB of memory per call (all of
+    its processes together).
 
     Args:
         code: the complete program, e.g. "import math\\nprint(math.comb(10, 3))".
     """
     config = PYTHON_SANDBOX
     result = run_sandboxed(code, config)
+    if result.memory_exceeded:
+        raise MemoryError(f"the program used more than the {config.memory_mb} MB memory limit (all of its processes "
+                          f"together) and was stopped{_last_output(result)}")
     if result.timed_out:
         raise TimeoutError(f"the program ran past the {config.timeout_s:g}s time limit and was stopped"
                            f"{_last_output(result)}")

@@ -11,7 +11,10 @@ no /etc beyond the loader cache. A small bootstrap inside the sandbox sets the r
 time, address space, processes, file size), drops to a fresh unprivileged uid (when we run as
 root: root ignores RLIMIT_NPROC, so without the drop a fork bomb would not be held back) and
 execs the interpreter on the code. When not root, bwrap makes a user namespace instead and the
-limits bite on our own uid. Output is read with a cap: past `max_output_bytes` the sandbox is
+limits bite on our own uid. rlimits bind each process alone, so the call as a whole (all of its
+processes together) is bounded too: by a cgroup of its own where one can be made, else by a
+memory watchdog (`hubgym.tools.limits` says which is used when, and why); a call stopped for
+memory has `memory_exceeded` set. Output is read with a cap: past `max_output_bytes` the sandbox is
 stopped, so a flood costs neither memory nor time. At the wall-clock limit the sandbox's pid 1 is
 killed, which takes its whole pid namespace with it (`--die-with-parent` covers our own death).
 
@@ -37,12 +40,14 @@ import time
 from dataclasses import dataclass
 
 from hubgym.errors import SandboxUnavailableError
+from hubgym.tools.limits import BOUNDS, POLL_S, CallBound, open_bound
 
 ALLOW_UNSANDBOXED_ENV = "HUBGYM_ALLOW_UNSANDBOXED"
 ALLOW_HINT = (f"accept running model code without isolation (limits and timeout only) with "
               f"SandboxConfig(allow_unsandboxed=True) or {ALLOW_UNSANDBOXED_ENV}=1")
 INSTALL_HINT = f"install bubblewrap (Debian/Ubuntu: `apt-get install bubblewrap`), or {ALLOW_HINT}"
 KILL_GRACE_S = 5.0  # how long a killed sandbox may take to tear down its namespace
+SANDBOX_PROCS = 2  # processes of bwrap's own in the call (outer bwrap, the namespace's init), beside max_procs
 SANDBOX_UIDS = (1_000_000, 2_000_000)  # a fresh uid per run: no other process shares its RLIMIT_NPROC count
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 SYSTEM_FILES = ("/etc/ld.so.cache", "/etc/localtime")  # the loader cache and the time zone; not the rest of /etc
@@ -76,13 +81,17 @@ class SandboxConfig:
 
     timeout_s: float = 10.0  # wall clock; then the whole sandbox is killed and timed_out is set
     cpu_s: int = 10  # RLIMIT_CPU: SIGXCPU at the limit, SIGKILL a second later
-    memory_mb: int = 1024  # RLIMIT_AS: allocations past it fail (Python raises MemoryError)
-    max_procs: int = 64  # RLIMIT_NPROC: processes and threads the code may have at once
+    memory_mb: int = 1024  # per process (RLIMIT_AS: allocations past it raise MemoryError) and per call, all together
+    max_procs: int = 64  # RLIMIT_NPROC (and pids.max with a cgroup): processes and threads the code may have at once
     max_output_bytes: int = 64_000  # stdout + stderr kept; past it the sandbox is stopped, truncated is set
     tmp_mb: int = 64  # size of the private /tmp, and RLIMIT_FSIZE
     allow_unsandboxed: bool = False  # without bubblewrap, run anyway: limits and timeout, but no isolation
+    call_bound: str = "auto"  # what bounds the whole call: "cgroup", "watchdog", or "auto" (cgroup where it works)
 
     def __post_init__(self) -> None:
+        if self.call_bound not in BOUNDS:
+            raise ValueError(f"SandboxConfig.call_bound={self.call_bound!r} is not one of {', '.join(BOUNDS)}. "
+                             f"Fix: use 'auto' (a cgroup where one can be made, else a memory watchdog)")
         for name, least in (("timeout_s", 0.01), ("cpu_s", 1), ("memory_mb", 64), ("max_procs", 1),
                             ("max_output_bytes", 1), ("tmp_mb", 1)):
             value = getattr(self, name)
@@ -99,7 +108,9 @@ class SandboxResult:
     exit_code: int  # negative: killed by that signal (as subprocess reports it; sandboxed, exit(128 + N) reads so too)
     timed_out: bool  # killed at config.timeout_s
     truncated: bool  # output passed config.max_output_bytes; the program was stopped there
+    memory_exceeded: bool  # the call's processes together passed config.memory_mb; it was stopped
     sandboxed: bool  # False only for an explicitly allowed unsandboxed run
+    call_bound: str  # what bounded the whole call: "cgroup v1", "cgroup v2" or "watchdog"
     duration_s: float
 
     @property
@@ -212,17 +223,23 @@ class _Process:
         """Stop everything the run started, and return only once it is gone.
 
         Killing the sandbox's pid 1 makes the kernel kill and reap its whole pid namespace before
-        pid 1 is reported dead, and outer bwrap exits only after that: so waiting on bwrap waits
-        for the last fork-bomb child. Killing bwrap itself would return first and leave the
-        namespace to die a moment later. Unsandboxed, the process group is all we can reach.
+        pid 1 is reported dead (its pidfd turns readable), and outer bwrap exits only after that:
+        so this waits for the last fork-bomb child. Killing bwrap itself would return first and
+        leave the namespace to die a moment later. Also called once the program has ended: outer
+        bwrap exits as soon as the main program does, while pid 1 stays to reap what it left
+        running (detached children) until bwrap's death reaches it. Unsandboxed, the process
+        group is all we can reach.
         """
         if self.pidfd is not None:
             try:
                 signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+                select.select([self.pidfd], [], [], KILL_GRACE_S)
                 self.proc.wait(KILL_GRACE_S)
                 return
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
+        if self.proc.poll() is not None:  # reaped: its pid (the group's id) may belong to someone else now
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -233,34 +250,43 @@ def _execute(bwrap: str | None, code: str, config: SandboxConfig, cwd: str | Non
     """Start the bootstrap (under bwrap unless `bwrap` is None), feed it the code, collect its output."""
     start = time.monotonic()
     deadline = start + config.timeout_s
-    run = _start(bwrap, config, cwd, deadline)
-    with run.proc as proc:  # closes the pipes and waits, however we leave
-        try:
-            _feed(proc, code)
-            outputs, timed_out, truncated = _collect(run, deadline, config.max_output_bytes)
-        finally:
-            if proc.poll() is None:
-                run.kill()
-            if run.pidfd is not None:
-                os.close(run.pidfd)
+    bound = open_bound(config.call_bound, config.memory_mb * 1024 * 1024, config.max_procs + SANDBOX_PROCS)
+    try:
+        run = _start(bwrap, config, cwd, deadline, bound)
+        with run.proc as proc:  # closes the pipes and waits, however we leave
+            try:
+                _feed(proc, code)
+                outputs, stopped = _collect(run, deadline, config.max_output_bytes, bound)
+            finally:
+                if proc.poll() is None or run.pidfd is not None:
+                    run.kill()
+                if run.pidfd is not None:
+                    os.close(run.pidfd)
+    finally:
+        bound.close()  # kills what is left of the call, removes its cgroup
     exit_code = proc.returncode
     if bwrap and 128 < exit_code < 128 + signal.NSIG:  # bwrap reports death by signal N as 128 + N, like a shell
         exit_code = 128 - exit_code
+    memory = stopped == "memory" or bound.exceeded()  # also a call whose OOM-killed child it outlived
     return SandboxResult(outputs[0].decode(errors="replace"), outputs[1].decode(errors="replace"), exit_code,
-                         timed_out, truncated, bwrap is not None, time.monotonic() - start)
+                         stopped == "time", stopped == "output", memory, bwrap is not None, bound.name,
+                         time.monotonic() - start)
 
 
-def _start(bwrap: str | None, config: SandboxConfig, cwd: str | None, deadline: float) -> _Process:
+def _start(bwrap: str | None, config: SandboxConfig, cwd: str | None, deadline: float, bound: CallBound) -> _Process:
     pipes = {"stdin": subprocess.PIPE, "stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     env = {**ENV, "HOME": cwd or "/tmp", "TMPDIR": cwd or "/tmp"}
     if bwrap is None:
-        return _Process(subprocess.Popen(_python_argv(config, uid=None), cwd=cwd, env=env, start_new_session=True,
-                                         **pipes))
+        proc = subprocess.Popen(bound.command(_python_argv(config, uid=None)), cwd=cwd, env=env,
+                                start_new_session=True, **pipes)
+        bound.started(proc.pid)
+        return _Process(proc)
     info_read, info_write = os.pipe()  # bwrap writes {"child-pid": ...} here, then closes it
     try:
         try:
-            proc = subprocess.Popen(_bwrap_argv(bwrap, config, info_write), env=env, start_new_session=True,
-                                    pass_fds=(info_write,), **pipes)
+            proc = subprocess.Popen(bound.command(_bwrap_argv(bwrap, config, info_write)), env=env,
+                                    start_new_session=True, pass_fds=(info_write,), **pipes)
+            bound.started(proc.pid)
         finally:
             os.close(info_write)
         return _Process(proc, _sandbox_pidfd(info_read, deadline))
@@ -291,21 +317,22 @@ def _feed(proc: subprocess.Popen, code: str) -> None:
         pass
 
 
-def _collect(run: _Process, deadline: float, cap: int) -> tuple[list[bytearray], bool, bool]:
-    """Read stdout and stderr until both close, `cap` bytes in all, or `deadline`.
+def _collect(run: _Process, deadline: float, cap: int, bound: CallBound) -> tuple[list[bytearray], str | None]:
+    """Read stdout and stderr until both close and the program exits, or until it is stopped.
 
-    Returns ([stdout, stderr], timed_out, truncated).
+    Returns ([stdout, stderr], why it was stopped: None, "time" at `deadline`, "output" past `cap`
+    bytes in all, or "memory" past the call's memory bound).
     """
     proc, outputs, kept = run.proc, [bytearray(), bytearray()], 0
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ, 0)
         selector.register(proc.stderr, selectors.EVENT_READ, 1)
         while selector.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            stop = _stop_reason(deadline, bound)
+            if stop:
                 run.kill()
-                return outputs, True, False
-            for key, _ in selector.select(remaining):
+                return outputs, stop
+            for key, _ in selector.select(min(deadline - time.monotonic(), POLL_S)):
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
@@ -315,11 +342,19 @@ def _collect(run: _Process, deadline: float, cap: int) -> tuple[list[bytearray],
                 kept += min(len(chunk), room)
                 if len(chunk) > room:
                     run.kill()
-                    return outputs, False, True
-    try:
-        proc.wait(max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:  # closed its pipes but kept running
-        run.kill()
-        return outputs, True, False
-    return outputs, False, False
+                    return outputs, "output"
+    while proc.poll() is None:  # closed its pipes but keeps running
+        stop = _stop_reason(deadline, bound)
+        if stop:
+            run.kill()
+            return outputs, stop
+        try:
+            proc.wait(min(deadline - time.monotonic(), POLL_S))
+        except subprocess.TimeoutExpired:
+            pass
+    return outputs, None
+
+
+def _stop_reason(deadline: float, bound: CallBound) -> str | None:
+    return "time" if time.monotonic() >= deadline else "memory" if bound.exceeded() else None
 
