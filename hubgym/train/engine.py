@@ -131,29 +131,37 @@ def deepspeed_config(settings: DeepSpeedSettings) -> dict[str, Any]:
     }
 
 
+def load_model(model_dir: str | Path, config: dict[str, Any]) -> torch.nn.Module:
+    """The causal LM of a Hugging Face folder in float32, partitioned when `config` is ZeRO-3.
+
+    Under ZeRO-3 transformers loads each weight straight into its shard (deepspeed.zero.Init), so no
+    rank ever holds the whole model. The switch is process-global: off again once loaded, so other
+    models this process loads (a test's, say) load whole.
+    """
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+    from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+    hf_zero3 = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    finally:
+        if hf_zero3 is not None:
+            unset_hf_deepspeed_config()
+
+
 class Policy:
     """A causal LM from a Hugging Face folder, wrapped by `deepspeed.initialize` with a torch AdamW."""
 
     def __init__(self, model_dir: str | Path, settings: DeepSpeedSettings | None = None):
         import deepspeed
-        from transformers import AutoModelForCausalLM
-        from transformers.integrations import HfDeepSpeedConfig
-        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 
         self.settings = settings = settings or DeepSpeedSettings()
         self.model_dir = Path(model_dir)
         self.rank, self.world_size = init_distributed()
         torch.manual_seed(settings.seed)
         config = deepspeed_config(settings)
-        # Under ZeRO-3 transformers loads each weight straight into its shard (deepspeed.zero.Init), so
-        # no rank ever holds the whole model. The switch is process-global: off again once loaded, so
-        # other models this process loads (a reference model, a test's) load whole.
-        hf_zero3 = HfDeepSpeedConfig(config) if settings.zero_stage == 3 else None
-        try:
-            model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32)  # fp32 master weights
-        finally:
-            if hf_zero3 is not None:
-                unset_hf_deepspeed_config()
+        model = load_model(self.model_dir, config)  # fp32 master weights
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False

@@ -7,7 +7,8 @@ rollouts (`offline.sources`: run folders, shard files or hub refs), cycling over
 remaining `online.steps` sample fresh groups of the current policy with vLLM (weights synced
 into the engine every `online.sync_every` steps, `policy_version` = the step of the synced
 weights) and, per `online.offline_fraction`, mix in stored groups. Both go through the same
-GroupStream -> pack_step -> Policy.train_step path. All engine work runs on one background thread
+GroupStream -> pack_step -> Policy.train_step path; with `loss.beta > 0` a frozen copy of the initial
+weights (hubgym.train.reference) gives each packed micro-batch its reference logprobs for the KL. All engine work runs on one background thread
 (hubgym.train.ahead): with `online.async_steps = k` the rollouts of step t are sampled while steps
 t-k..t-1 train.
 

@@ -1,0 +1,70 @@
+"""loss.beta > 0 on the real trainer: the reference is the initial weights, frozen, under ZeRO-2 and ZeRO-3;
+`policy/kl` is 0 at the first step (the policy is the reference) and rises as the policy moves away."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from hubgym.hub.rollouts import iter_rollouts
+from hubgym.rollout.writer import ShardWriter
+from hubgym.train.config import load_config
+from hubgym.train.trainer import Trainer
+
+from test_hub_rollouts import make_run
+
+STEPS = 4
+
+
+def kl_run(settings: list[str]) -> tuple[list[dict], Trainer]:
+    """Train with `settings`; the logged steps that trained, and the trainer (closed)."""
+    trainer = Trainer(load_config(None, settings), console=Console(file=io.StringIO()))
+    try:
+        result = trainer.run()
+    finally:
+        trainer.close()
+    lines = map(json.loads, result.metrics_file.read_text().splitlines())
+    return [r for r in lines if "policy/loss" in r], trainer
+
+
+def assert_kl_starts_at_zero_and_rises(steps: list[dict]) -> None:
+    kl = [r["policy/kl"] for r in steps]
+    assert len(kl) >= 3 and all(r["policy/skipped"] == 0.0 for r in steps), steps
+    assert kl[0] == pytest.approx(0.0, abs=1e-9), kl  # the policy is the reference before its first update
+    assert 0.0 < kl[1] < kl[-1], kl
+
+
+def contrasting_run(folder: Path) -> Path:
+    """Stored groups whose right sample (advantage +1) and wrong sample (-1) differ in their tokens, sampled at
+    about the untrained model's logprob (1 / 1024 tokens): each step pushes the policy the same way."""
+    rows = list(iter_rollouts([make_run(folder / "source", "r", groups=16, right=lambda g, s: s == 0)]))
+    for row in rows:
+        row["completion_ids"] = [40 + row["sample"] * 10 + i for i in range(4)]
+        row["completion_mask"], row["completion_logprobs"] = [1] * 4, [-7.0] * 4
+    writer = ShardWriter(folder / "run", "w000of001")
+    for start in range(0, len(rows), 2):
+        writer.add_group(rows[start:start + 2])
+    writer.flush()
+    writer.write_manifest({"run_id": "r", "model": "m", "policy_version": 0, "sampling": {},
+                           "envs": {"arithmetic": {"config": "easy", "tasks": 16}},
+                           "shard_files": writer.shard_files()})
+    return folder / "run"
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_kl_run_on_stored_rollouts_trains_from_a_frozen_reference(tiny_model, tmp_path, zero):
+    rollouts = contrasting_run(tmp_path / "rollouts")
+    steps, trainer = kl_run([f"model={tiny_model}", f"output_dir={tmp_path / 'out'}", f"offline.sources=[{rollouts}]",
+                             f"offline.steps={STEPS}", "eval.limit=0", "batch.groups_per_step=4", "grpo.n=2",
+                             "loss.beta=0.1", "optim.lr=2e-3", f"optim.zero_stage={zero}", "log.every=1000"])
+    assert [r["step"] for r in steps] == list(range(STEPS))
+    assert_kl_starts_at_zero_and_rises(steps)
+    reference = trainer.reference.model
+    assert not any(p.requires_grad for p in reference.parameters())  # frozen: no gradient
+    assert not isinstance(getattr(reference, "optimizer", None), torch.optim.Optimizer)  # and no optimizer state
+    assert all(hasattr(p, "ds_id") for p in reference.parameters()) == (zero == 3)  # partitioned under ZeRO-3
