@@ -97,31 +97,32 @@ class Cgroup(CallBound):
 
     def __init__(self, layout: tuple, memory_bytes: int, max_pids: int):
         version, memory_parent, pids_parent = layout
-        self.name = f"cgroup v{version}"
-        self.dirs: list[str] = []
-        leaf = f"hubgym-{os.getpid()}-{secrets.token_hex(6)}"
+        self.name, self.dirs = f"cgroup v{version}", []
+        self._last_check, self._over = 0.0, False
+        # (parent, [(file, value)]); a file named with a trailing "?" is written only where the kernel has it
+        # (swap accounting, memory.oom.group, a pids controller handed down)
         if version == 1:
-            plan = [(memory_parent, [("memory.limit_in_bytes", memory_bytes), ("memory.memsw.limit_in_bytes?",
-                                                                                 memory_bytes)])]
+            plan = [(memory_parent, [("memory.limit_in_bytes", memory_bytes),
+                                     ("memory.memsw.limit_in_bytes?", memory_bytes)])]  # memory + swap
             plan += [(pids_parent, [("pids.max", max_pids)])] if pids_parent else []
             self.counter = ("memory.oom_control", "oom_kill")
         else:
             plan = [(memory_parent, [("memory.max", memory_bytes), ("memory.swap.max?", 0),
                                      ("memory.oom.group?", 1), ("pids.max?", max_pids)])]
             self.counter = ("memory.events", "oom_kill")
+        leaf = f"hubgym-{os.getpid()}-{secrets.token_hex(6)}"
         try:
             for parent, settings in plan:
                 path = os.path.join(parent, leaf)
                 os.mkdir(path, 0o755)  # fails if the name exists: nobody else's cgroup is ever reused
                 self.dirs.append(path)
                 for name, value in settings:
-                    optional = name.endswith("?")
-                    if not optional or os.path.exists(os.path.join(path, name[:-1])):
-                        _write(os.path.join(path, name.rstrip("?")), value)
+                    file = os.path.join(path, name.rstrip("?"))
+                    if not name.endswith("?") or os.path.exists(file):
+                        _write(file, value)
         except OSError:
             self.close()
             raise
-        self._last_check, self._over = 0.0, False
 
     def command(self, argv: list[str]) -> list[str]:
         return ["/bin/sh", "-c", ENTER_CGROUP, "sh", *[os.path.join(d, "cgroup.procs") for d in self.dirs], "--", *argv]
@@ -312,10 +313,8 @@ def _pss_bytes(pid: int) -> int:
             for line in f:
                 if line.startswith(b"Pss:"):
                     return int(line.split()[1]) * 1024
-    except FileNotFoundError:
+    except OSError:  # an older kernel, or not ours to read (statm is open to all); or gone, and so is statm
         pass
-    except OSError:
-        return 0
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
