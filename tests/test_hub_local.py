@@ -177,7 +177,8 @@ def test_unpinned_verifier_is_refused_without_running_it(echo_pushed):
     with pytest.raises(VerifierNotTrustedError) as caught:
         load_env("org/echo", hub=hub)
     message = str(caught.value)
-    assert f"Its sha256 is {sha}" in message and f"pin='sha256:{sha}'" in message and f"--pin sha256:{sha}" in message
+    assert f"Its sha256 is {sha}" in message and f"pin='sha256:{sha}'" in message
+    assert f"(CLI: --pin org/echo=sha256:{sha} --hub {hub.root}), or pass trust=True" in message
     assert caught.value.sha256 == sha and caught.value.revision == result.revision
     assert not marker.exists()
 
@@ -217,7 +218,7 @@ def test_missing_repo_revision_and_manifest_are_clear_errors(pushed, tmp_path):
         load_env("org/nope", hub=hub)
     with pytest.raises(EnvNotFoundError, match=r"repo 'org/arith' on the local hub has no revision 'deadbeef0'"):
         load_env("org/arith@deadbeef0", hub=hub)
-    with pytest.raises(EnvNotFoundError, match=r"'arith' is not a hub repo id; write org/name"):
+    with pytest.raises(EnvNotFoundError, match=r"'arith' is not a hub repo id: it must be an owner and a name with one '/' between them; write org/name"):
         load_env("arith", hub=hub)
     with pytest.raises(EnvNotFoundError, match=r"config 'easy' of repo .* has no split 'dev'; it has train, test"):
         load_env(result.ref, hub=hub, trust=True, split="dev")

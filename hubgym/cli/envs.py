@@ -101,9 +101,10 @@ def push(env: Annotated[str, typer.Argument(help="env name, versioned id, or pat
 
     with console().status(f"building and pushing {env} to {repo}"):
         result = push_env(env, repo, hub=hub, configs=config)
-    sha = result.manifest.get("verifier", {}).get("sha256", "")
+    python, cli = result.load_hints()  # they name the hub unless it is the default one
     console().print(Text(f"pushed {len(result.files)} files to {result.location} at revision {result.revision}"))
-    console().print(Text(f"load it with: hubgym.load_env({result.ref!r}, pin='sha256:{sha}')"))
+    console().print(Text(f"load it with: {python}"))
+    console().print(Text(f"sample it with: hubgym rollout {result.ref} {cli}"))
 
 
 def config_names(builder: type[TaskBuilder], config: str | None) -> list[str]:

@@ -88,6 +88,7 @@ def _example(manifest: dict, example: dict[str, Any] | None) -> str:
 
 def _usage(manifest: dict, repo: str) -> str:
     config, sha = manifest["default_config"], manifest["verifier"]["sha256"]
+    split = next(iter(manifest["configs"][config]["splits"]))
     return f"""## How to use
 
 The tasks are plain data:
@@ -95,7 +96,7 @@ The tasks are plain data:
 ```python
 from datasets import load_dataset
 
-tasks = load_dataset("{repo}", "{config}", split="{next(iter(manifest['configs'][config]['splits']))}")
+tasks = load_dataset("{repo}", "{config}", split="{split}")
 ```
 
 With hubgym, the tasks come with their verifier. Verifier code from a repo runs only when its
@@ -104,11 +105,13 @@ sha256 matches a pin you give (read `{VERIFIER_FILE}` first), or when you pass `
 ```python
 import hubgym
 
-env = hubgym.load_env("{repo}@<revision>", pin="sha256:{sha}")
-score = env.verifier.score(task, completion)   # task: a row of env.tasks; completion: list of messages
+env = hubgym.load_env("{repo}@<revision>", pin="sha256:{sha}", config="{config}", split="{split}")
+score = env.verifier.score(env.tasks[0], completion)   # env.tasks: a Dataset; completion: a list of messages
 ```
 
-From the command line: `--pin sha256:{sha}`.
+Without `split=`, `env.tasks` is a `DatasetDict` of every split, as `load_dataset` gives. From the
+command line: `hubgym rollout {repo}@<revision> --pin {repo}=sha256:{sha}`. Add `hub=` (`--hub`)
+when the repo is not on your default hub.
 """
 
 

@@ -15,7 +15,6 @@ Against a server that is not huggingface.co set HF_HUB_DISABLE_XET=1 (uploads th
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Callable, Mapping, TypeVar
@@ -30,7 +29,8 @@ from huggingface_hub.hf_api import RepoFile
 
 from hubgym.errors import HubAuthError, HubConnectionError
 from hubgym.hub.base import (
-    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, expand_revision, not_found,
+    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, check_repo_path, check_revision,
+    expand_revision, is_short_commit, not_found,
 )
 
 T = TypeVar("T")
@@ -55,6 +55,9 @@ class HfHub(HubBackend):
 
     def location(self, repo: str) -> str:
         return f"{self.endpoint}/datasets/{repo}"
+
+    def spec(self) -> str:
+        return self.endpoint
 
     @property
     def token(self) -> str | None:
@@ -89,9 +92,7 @@ class HfHub(HubBackend):
 
     def resolve(self, repo: str, revision: str | None = None, *, patterns: list[str] | None = None) -> Snapshot:
         check_repo_id(repo)
-        revision = revision or "main"
-        if re.fullmatch(r"[0-9a-f]{7,39}", revision):
-            revision = expand_revision(revision, self.revisions(repo)) or revision
+        revision = self._expand(repo, check_revision(revision or "main"))
         path = self._call(lambda: snapshot_download(
             repo, repo_type=REPO_TYPE, revision=revision, cache_dir=self.cache_dir, endpoint=self.endpoint,
             token=self.token or False, allow_patterns=patterns), f"download {repo}@{revision}", repo, revision)
@@ -101,16 +102,24 @@ class HfHub(HubBackend):
         check_repo_id(repo)
         if revision is None:
             return self._call(lambda: self.api.repo_exists(repo, repo_type=REPO_TYPE), f"look up {repo}", repo)
+        revision = self._expand(repo, check_revision(revision))
         return self._call(lambda: self.api.revision_exists(repo, revision, repo_type=REPO_TYPE),
                           f"look up {repo}@{revision}", repo)
 
     def stream_urls(self, snapshot: Snapshot, paths: list[str]) -> tuple[list[str], dict]:
         """Pinned `hf://` URLs (read in ranges, never downloaded whole) and the load_dataset arguments to open them."""
-        urls = [f"hf://datasets/{snapshot.repo}@{snapshot.revision}/{p}" for p in paths]
+        urls = [f"hf://datasets/{snapshot.repo}@{snapshot.revision}/{check_repo_path(p)}" for p in paths]
         token = self.token or False  # load_dataset puts its own `token` into the hf options: pass it both ways
         return urls, {"token": token, "storage_options": {"hf": {"endpoint": self.endpoint, "token": token}}}
 
     # -- internals --------------------------------------------------------------------------
+
+    def _expand(self, repo: str, revision: str) -> str:
+        """A short commit id -> the full one, from the main branch's commits (as the Hub resolves it); any other
+        revision, or a prefix no commit of main has, is left for the server to resolve."""
+        if not is_short_commit(revision):
+            return revision
+        return expand_revision(revision, self.revisions(repo)) or revision
 
     def _commit_once(self, repo: str, files: Mapping[str, FileSource], message: str, replace: bool) -> str:
         api = self.api

@@ -19,7 +19,7 @@ from typing import Any
 
 import datasets
 
-from hubgym.hub.base import HubBackend, Snapshot, get_hub, parse_ref
+from hubgym.hub.base import HubBackend, Snapshot, get_hub, hub_argument, parse_ref
 from hubgym.hub.manifest import GOLDEN_FILE, METADATA_FILES, config_files, read_manifest
 from hubgym.hub.trust import load_hub_verifier
 from hubgym.schemas.tasks import TASK_FEATURES
@@ -67,7 +67,7 @@ def load_env(ref: str, *, trust: bool = False, pin: str | None = None, streaming
     meta = backend.resolve(repo, revision, patterns=METADATA_FILES)  # a branch becomes a commit id here
     pinned_ref = f"{repo}@{meta.revision}"
     manifest = read_manifest(meta.path, pinned_ref)
-    verifier = load_hub_verifier(meta.path, manifest, pinned_ref, trust=trust, pin=pin)
+    verifier = load_hub_verifier(meta.path, manifest, pinned_ref, trust=trust, pin=pin, hub=hub_argument(backend))
     config, files = config_files(manifest, pinned_ref, config, split)
     tasks = _load_tasks(backend, meta, files, split, streaming)
     return HubEnv(repo, meta.revision, config, tasks, verifier, manifest, meta.path)

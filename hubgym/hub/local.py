@@ -21,20 +21,23 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import uuid
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Iterator, Mapping
 
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import atomic_write_bytes as _atomic_write
 from hubgym.hub.base import (
-    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, expand_revision, not_found,
+    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, check_repo_path, check_revision,
+    expand_revision, not_found,
 )
 
+_FULL_ID = re.compile(r"[0-9a-f]{40}")
 INITIAL_GITATTRIBUTES = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n*.arrow filter=lfs diff=lfs merge=lfs -text\n"
 _CHUNK = 1 << 20
 
@@ -52,6 +55,9 @@ class LocalHub(HubBackend):
 
     def location(self, repo: str) -> str:
         return str(self._dir(repo))
+
+    def spec(self) -> str:
+        return os.path.abspath(self.root)
 
     # -- the interface ----------------------------------------------------------------------
 
@@ -84,16 +90,20 @@ class LocalHub(HubBackend):
         folder = self._dir(check_repo_id(repo))
         if not self.exists(repo):
             raise not_found(self, repo)
-        commit_id = self._find(folder, repo, revision or "main")
+        commit_id = self._find(folder, repo, check_revision(revision or "main"))
         if commit_id is None:
             raise not_found(self, repo, revision)
-        return Snapshot(repo, commit_id, folder / "snapshots" / commit_id)
+        return Snapshot(repo, commit_id, _no_links(folder, folder / "snapshots" / commit_id))
 
     def exists(self, repo: str, revision: str | None = None) -> bool:
         folder = self._dir(check_repo_id(repo))
         if not (folder / "refs" / "main").is_file():
             return False
-        return revision is None or self._find(folder, repo, revision) is not None
+        return revision is None or self._find(folder, repo, check_revision(revision)) is not None
+
+    def stream_urls(self, snapshot: Snapshot, paths: list[str]) -> tuple[list[str], dict]:
+        folder = self._dir(check_repo_id(snapshot.repo))
+        return [str(_inside(folder, snapshot.path / check_repo_path(p))) for p in paths], {}
 
     # -- internals --------------------------------------------------------------------------
 
@@ -101,15 +111,18 @@ class LocalHub(HubBackend):
         return self.root / "datasets" / repo
 
     def _head(self, folder: Path) -> str:
-        return (folder / "refs" / "main").read_text().strip()
+        return _commit_id((folder / "refs" / "main").read_text().strip(), folder / "refs" / "main")
 
     def _record(self, folder: Path, commit_id: str) -> dict:
-        return json.loads((folder / "commits" / f"{commit_id}.json").read_text())
+        path = folder / "commits" / f"{_commit_id(commit_id, folder / 'commits')}.json"
+        return json.loads(_inside(folder, path).read_text())
 
     def _find(self, folder: Path, repo: str, revision: str) -> str | None:
+        """The commit a revision names: main (the only branch), a full commit id, or a unique prefix of one.
+        Only ids of 40 hex digits ever become file names, so no revision leads out of the repo folder."""
         if revision == "main":
             return self._head(folder)
-        if (folder / "commits" / f"{revision}.json").is_file():
+        if _FULL_ID.fullmatch(revision) and (folder / "commits" / f"{revision}.json").is_file():
             return revision
         return expand_revision(revision, self.revisions(repo))
 
@@ -185,12 +198,41 @@ def _chunks(source: FileSource) -> Iterator[bytes]:
             yield chunk
 
 
-def _check_path(path: str) -> str:
-    """Repo paths are relative POSIX paths without '..': a commit never writes outside its snapshot."""
-    parts = PurePosixPath(path).parts
-    if not path or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
-        raise EnvContractError(f"{path!r} is not a valid path in a repo", Where(field=path),
-                               "use a relative POSIX path such as data/<config>/<split>-00000-of-00001.parquet")
+def _no_links(folder: Path, snapshot: Path) -> Path:
+    """A snapshot folder that holds no symbolic link and stays inside the repo folder: what is read from it is
+    what the hub stored (the local hub links nothing; a link means the folder was edited by hand)."""
+    _inside(folder, snapshot)
+    for parent, dirs, files in os.walk(snapshot):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(parent, name)):
+                _inside(folder, Path(parent) / name)  # raises if it leads out; a link inside is refused below
+                raise EnvContractError(f"{Path(parent) / name} is a symbolic link; a local hub snapshot holds "
+                                       f"only files", Where(field=name), "the local hub folder was edited by "
+                                       "hand: remove the link, or push again to a new hub folder")
+    return snapshot
+
+
+_check_path = check_repo_path  # a commit never writes outside its snapshot
+
+
+def _commit_id(value: str, source: Path) -> str:
+    """A commit id read from the hub folder (refs/main, a commit's parent): 40 hex digits, or the folder was
+    edited by hand; it becomes a file name, so nothing else may pass."""
+    if not _FULL_ID.fullmatch(value):
+        raise EnvContractError(f"{source} holds {value[:100]!r}, which is not a commit id", Where(field=str(source)),
+                               "the local hub folder was edited by hand or is corrupt: restore it, or push again "
+                               "to a new hub folder")
+    return value
+
+
+def _inside(folder: Path, path: Path) -> Path:
+    """`path`, once it is sure to stay inside the repo folder when links are followed (the local hub makes none;
+    a link that leads out of the repo means the folder was edited by hand)."""
+    real, home = path.resolve(), folder.resolve()
+    if real != home and home not in real.parents:
+        raise EnvContractError(f"{path} leads outside its repo folder ({real})", Where(field=str(path)),
+                               "the local hub folder was edited by hand: remove the link, or push again to a new "
+                               "hub folder")
     return path
 
 

@@ -26,11 +26,12 @@ from hubgym import __version__
 from hubgym.builders.base import TaskBuilder
 from hubgym.builders.registry import resolve_env
 from hubgym.errors import EnvContractError, Where
-from hubgym.hub.base import FileSource, HubBackend, check_repo_id, get_hub
+from hubgym.hub.base import FileSource, HubBackend, check_name, check_repo_id, get_hub, hub_argument
 from hubgym.hub.card import render_card
 from hubgym.hub.manifest import (
     CARD_FILE, FORMAT, GOLDEN_FILE, MANIFEST_FILE, VERIFIER_FILE, data_path, dumps,
 )
+from hubgym.hub.trust import pin_hints
 from hubgym.schemas.version import SCHEMA_VERSION
 
 _BASE_CONFIG_FIELDS = {"name", "version", "data_dir", "data_files", "description"}
@@ -43,11 +44,17 @@ class PushResult:
     location: str  # the repo's URL or folder
     files: list[str]  # repo paths of the revision
     manifest: dict
+    hub: str | None = None  # the hub argument that reaches it again (None: the default hub)
 
     @property
     def ref(self) -> str:
         """`org/name@<commit id>`: what to give `load_env` to get exactly this revision back."""
         return f"{self.repo}@{self.revision}"
+
+    def load_hints(self) -> tuple[str, str]:
+        """How to load exactly this revision with its verifier pinned: the `hubgym.load_env(...)` call, and the
+        options of `hubgym rollout` / `hubgym score` (both name the hub unless it is the default one)."""
+        return pin_hints(self.ref, self.manifest["verifier"]["sha256"], self.hub)
 
 
 @dataclass
@@ -77,11 +84,13 @@ def push_env(env: str | type[TaskBuilder], repo: str, *, hub: HubBackend | str |
     if unknown:
         raise EnvContractError(f"{cls.ENV} has no config {unknown[0]!r}", Where(cls.ENV, unknown[0]),
                                f"choose among {', '.join(cls.config_names())}")
+    for name in names:  # each becomes a folder of the repo (data/<config>/) and a `datasets` config
+        check_name(name, "config name")
     with tempfile.TemporaryDirectory(prefix="hubgym-push-") as tmp:
         files, manifest = stage_env(cls, repo, names, dict(overrides or {}), Path(tmp))
         backend.create_repo(repo)
         revision = backend.commit(repo, files, message or f"Push {cls.env_id()} ({', '.join(names)})", replace=True)
-    return PushResult(repo, revision, backend.location(repo), sorted(files), manifest)
+    return PushResult(repo, revision, backend.location(repo), sorted(files), manifest, hub_argument(backend))
 
 
 def stage_env(cls: type[TaskBuilder], repo: str, names: list[str], overrides: dict,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -36,16 +37,29 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def pin_hints(ref: str, sha256: str, hub: str | None = None) -> tuple[str, str]:
+    """How to load `ref` with its verifier pinned: the Python call, and the options of `hubgym rollout` and
+    `hubgym score`. `hub` is the hub argument, given unless the hub is the default one (see `hub_argument`)."""
+    repo = ref.partition("@")[0]
+    python = f"hubgym.load_env({ref!r}, pin='sha256:{sha256}'" + (f", hub={hub!r})" if hub else ")")
+    cli = f"--pin {repo}=sha256:{sha256}" + (f" --hub {shlex.quote(hub)}" if hub else "")
+    return python, cli
+
+
 def load_hub_verifier(folder: Path, manifest: dict, ref: str, *, trust: bool = False,
-                      pin: str | None = None) -> Verifier:
-    """The repo's verifier, if it is pinned or trusted (see the module docstring); else a refusal."""
+                      pin: str | None = None, hub: str | None = None) -> Verifier:
+    """The repo's verifier, if it is pinned or trusted (see the module docstring); else a refusal.
+
+    `hub` (the hub argument, None for the default hub) goes into the refusal's advice, so following it loads
+    from the same hub."""
     repo, _, revision = ref.partition("@")
     spec = manifest["verifier"]
     path = folder / spec["path"]
     if not path.is_file():
         raise EnvContractError(f"repo {ref} has no {spec['path']}, which its manifest names as the verifier",
                                Where(env=ref, field=spec["path"]), "re-push the env with `hubgym push`")
-    actual = file_sha256(path)
+    source = path.read_bytes()  # read once: these bytes are hashed, checked and, if allowed, run
+    actual = hashlib.sha256(source).hexdigest()
     if actual != spec.get("sha256"):
         raise VerifierNotTrustedError(
             f"not running the verifier of {ref}: the manifest records sha256 {spec.get('sha256')} but "
@@ -60,22 +74,24 @@ def load_hub_verifier(folder: Path, manifest: dict, ref: str, *, trust: bool = F
                 f"pinned, or read {path} and pin sha256:{actual}", repo=repo, revision=revision, sha256=actual,
                 pinned=expected)
     elif not trust:
+        python, cli = pin_hints(ref, actual, hub)
         raise VerifierNotTrustedError(
             f"not running the verifier of {ref}: verifier code from a hub repo runs only when its sha256 matches "
-            f"a pin, or with trust. Its sha256 is {actual}. Read {path}, then pin it: "
-            f"load_env({ref!r}, pin='sha256:{actual}') (CLI: --pin sha256:{actual}), or pass trust=True "
-            f"(CLI: --trust) to run it unpinned", repo=repo, revision=revision, sha256=actual)
-    return _import(path, spec.get("module"), actual, manifest["env"], ref)
+            f"a pin, or with trust. Its sha256 is {actual}. Read {path}, then pin it: {python} (CLI: {cli}), or "
+            f"pass trust=True (CLI: --trust) to run it unpinned", repo=repo, revision=revision, sha256=actual)
+    return _import(path, source, spec.get("module"), actual, manifest["env"], ref)
 
 
-def _import(path: Path, module: str | None, sha256: str, env: str, ref: str) -> Verifier:
+def _import(path: Path, source: bytes, module: str | None, sha256: str, env: str, ref: str) -> Verifier:
     """Import the verifier: the installed module when its source is byte-identical (it then runs in its
-    own package, next to any data files it reads), else the repo's file."""
+    own package, next to any data files it reads), else the checked bytes of the repo's file."""
     installed = _installed_source(module)
     if installed is not None and file_sha256(installed) == sha256:
-        return load_verifier(module, env=env)  # type: ignore[arg-type]
+        verifier = load_verifier(module, env=env)  # type: ignore[arg-type]
+        if verifier.sha256 == sha256:
+            return verifier
     try:
-        return load_verifier(str(path), env=env)
+        return load_verifier(str(path), env=env, source=source)
     except VerifierLoadError:
         raise
     except Exception as exc:
