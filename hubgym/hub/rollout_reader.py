@@ -27,7 +27,7 @@ import datasets
 import pyarrow as pa
 
 from hubgym.errors import EnvNotFoundError, NoShardsError, ShardError, SkippedShardsWarning
-from hubgym.hub.base import HubBackend, get_hub, parse_ref
+from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
 from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES
 from hubgym.schemas.tasks import parse_json
@@ -42,7 +42,7 @@ def parse_rollout_ref(ref: str) -> tuple[str, str | None, str | None]:
     """`org/name[@revision][:RUN]` -> (repo, revision, run)."""
     head, _, run = str(ref).partition(":")
     repo, revision = parse_ref(head)
-    return repo, revision, run or None
+    return repo, revision, check_name(run, "run name") if run else None
 
 
 def shard_sources(source: Source, *, hub: HubSpec = None) -> list[ShardSource]:

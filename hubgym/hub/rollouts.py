@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import datasets
 
-from hubgym.errors import EnvContractError, NoShardsError, ShardError, Where
-from hubgym.hub.base import GITATTRIBUTES, HubBackend, get_hub
+from hubgym.errors import NoShardsError, ShardError
+from hubgym.hub.base import GITATTRIBUTES, HubBackend, check_name, get_hub
 from hubgym.hub.rollout_card import merge_summaries, render_card, run_summary
 from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exported)
     INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollouts,
@@ -38,7 +37,6 @@ from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exp
 from hubgym.hub.shards import ShardSource, load_shard, sha256_file
 
 SUMMARY_FILE = "summary.json"
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][\w.-]{0,95}$")
 
 __all__ = ["RolloutPush", "ShardError", "iter_batches", "iter_rollouts", "open_rollouts", "push_rollouts"]
 
@@ -107,11 +105,7 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
 
 
 def _check_name(name: str) -> str:
-    if not _RUN_NAME.match(name):
-        raise EnvContractError(f"{name!r} is not a valid run name", Where(config=name, field="name"),
-                               "use letters, digits, '-', '_' and '.' (the run becomes a config and a folder "
-                               "of the repo)")
-    return name
+    return check_name(name, "run name")  # the run becomes a config and a folder of the repo
 
 
 def _repo_index(backend: HubBackend, repo: str, name: str) -> tuple[dict, str]:
