@@ -193,10 +193,13 @@ def test_memory_hog_gets_memory_error(code, bound):
 
 
 # Holders each write (so make resident) `mb` MB, then wait until the main program has seen all of
-# them holding at once; detached ones are grandchildren in their own session, re-parented to the
-# sandbox's pid 1, that close their output. Unbounded, the program prints "held" and exits 0.
+# them holding at once. Detached ones are fresh interpreters in grandchildren: re-parented to the
+# sandbox's pid 1, in a session of their own, their output closed. Every process carries `marker`
+# on its command line. Unbounded, the program prints "held" and exits 0.
 HOLDERS = """
 import os, sys
+if sys.argv[-1] != "{marker}":
+    os.execv(sys.executable, [sys.executable, "main.py", "{marker}"])
 ready_r, ready_w = os.pipe()
 release_r, release_w = os.pipe()
 for _ in range({n}):
