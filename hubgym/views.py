@@ -141,7 +141,7 @@ def frame_table(frame, title: str) -> Table:
     for name in frame.columns:
         table.add_column(name, justify="left" if name == "env" else "right")
     for row in frame.iter_rows():
-        table.add_row(*(Text(f"{v:.3f}" if isinstance(v, float) else str(v)) for v in row))
+        table.add_row(*(Text(f"{v:.3f}" if isinstance(v, float) else "-" if v is None else str(v)) for v in row))
     return table
 
 

@@ -271,7 +271,7 @@ def test_real_shards_load_with_datasets_and_polars(mixed, tmp_path):
 
     assert sorted(r["rollout_id"] for r in streamed) == sorted(r["rollout_id"] for r in rows)
     assert table["env"].to_list() == sorted(KINDS) and table["rollouts"].to_list() == [4] * len(KINDS)
-    assert table["groups"].to_list() == [2] * len(KINDS) and table["k"].to_list() == [2] * len(KINDS)
+    assert table["groups"].to_list() == [2] * len(KINDS) and table["n"].to_list() == [2] * len(KINDS)
 
 
 def test_prompt_ids_are_the_rendered_prompt(mixed, renderer):

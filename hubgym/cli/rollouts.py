@@ -99,14 +99,18 @@ def _pins(pins: list[str]) -> dict[str, str]:
 @user_errors
 def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard files or run folders")],
                     plot: Annotated[Optional[Path], typer.Option(help="PNG of rewards per env "
-                                                                 "[default: SOURCE/rewards.png]")] = None) -> None:
-    """Summarize stored rollouts per env (rewards, pass@1/pass@k, turns, truncation, tools, errors) + a PNG."""
+                                                                 "[default: SOURCE/rewards.png]")] = None,
+                    k: Annotated[Optional[int], typer.Option("--k", min=1, help="k of pass@k, capped at each env's "
+                                                             "smallest group [default: that group's size]")] = None,
+                    ) -> None:
+    """Summarize stored rollouts per env (rewards, pass@1, pass@k, answer-format and tool-call parse failures,
+    turns, truncation, errors) + a PNG of reward counts, rates and components."""
     from hubgym.rollout import plot_rewards, scan_rollouts, summarize
 
     rollouts = scan_rollouts(sources)
-    console().print(views.frame_table(summarize(rollouts), title=f"rollouts in {', '.join(map(str, sources))}"))
+    console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
-    console().print(Text(f"plot: {plot_rewards(rollouts, target)}"))
+    console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"))
 
 
 @app.command("push-rollouts")

@@ -57,18 +57,25 @@ def env_stats(summary: dict) -> dict[str, dict]:
     for stats in (summary.get("workers") or {}).values():
         for env, s in stats.items():
             acc = out.setdefault(env, {"rollouts": 0, "groups": 0, "rewarded": 0, "reward_sum": 0.0,
-                                       "success_sum": 0.0, "passk_sum": 0.0, "errors_sum": 0.0, "tokens": 0})
+                                       "success_sum": 0.0, "passk_sum": 0.0, "passk_groups": 0, "ks": set(),
+                                       "errors_sum": 0.0, "tokens": 0})
             acc["rollouts"] += s["rollouts"]
             acc["groups"] += s["groups"]
             acc["rewarded"] += s["rewarded"]
             acc["reward_sum"] += (s["mean_reward"] or 0.0) * s["rewarded"]
-            acc["success_sum"] += s["pass@1"] * s["rollouts"]
-            acc["passk_sum"] += s["pass@k"] * s["groups"]
+            acc["success_sum"] += (s["pass@1"] or 0.0) * s["rewarded"]  # pass@1 is over the rewarded rows
+            if s.get("pass@k") is not None:  # pass@k is over groups with a rewarded row (k = s["k"])
+                acc["passk_sum"] += s["pass@k"] * s["groups"]
+                acc["passk_groups"] += s["groups"]
+                acc["ks"].add(s.get("k"))
             acc["errors_sum"] += s["errors"] * s["rollouts"]
             acc["tokens"] += s["tokens"]
     return {env: {"rollouts": a["rollouts"], "groups": a["groups"],
                   "mean_reward": a["reward_sum"] / a["rewarded"] if a["rewarded"] else None,
-                  "success": a["success_sum"] / max(a["rollouts"], 1), "pass@k": a["passk_sum"] / max(a["groups"], 1),
+                  "success": a["success_sum"] / a["rewarded"] if a["rewarded"] else None,
+                  # workers that estimated pass@k with different k (a failed row shrinks a group) do not combine
+                  "pass@k": a["passk_sum"] / a["passk_groups"] if a["passk_groups"] and len(a["ks"]) == 1 else None,
+                  "k": next(iter(a["ks"])) if len(a["ks"]) == 1 else None,
                   "errors": a["errors_sum"] / max(a["rollouts"], 1), "tokens": a["tokens"]}
             for env, a in sorted(out.items())}
 
@@ -101,9 +108,10 @@ def _run_section(repo: str, run: str, index: dict, summary: dict) -> str:
         where = f"`{e['env_repo']}@{e.get('env_revision')}`" if e.get("env_repo") else "built-in"
         verifier = (f"`{e['verifier_module']}` ({str(e.get('verifier_sha256'))[:12]})" if e.get("verifier_module")
                     else "-")
+        passk = _num(s.get("pass@k")) + (f" (k={s['k']})" if s.get("k") else "")
         lines.append(f"| `{env}` | {e.get('config', '-')} | {where} | {verifier} | {s.get('rollouts', 0):,} | "
                      f"{s.get('groups', 0):,} | {_num(s.get('mean_reward'))} | {_num(s.get('success'))} | "
-                     f"{_num(s.get('pass@k'))} | {_num(s.get('errors'))} |")
+                     f"{passk} | {_num(s.get('errors'))} |")
     lines += ["", "```python", "import datasets, hubgym.hub.rollouts as hr",
               f"rows = datasets.load_dataset({repo!r}, {run!r}, split=\"train\", streaming=True)",
               f"rows = hr.iter_rollouts({f'{repo}:{run}'!r})  # each shard checked against index.json", "```", ""]

@@ -1,20 +1,33 @@
-"""Summaries of stored rollouts: one table row per env, and a PNG of the reward distributions.
+"""Summaries of stored rollouts: one table row per env, and a PNG of the same numbers.
 
 Works on any set of shard files or run folders (lazy polars scans, so large runs stay cheap).
-pass@1 is the mean success rate; pass@k is the share of groups (tasks) with at least one
-success among their k samples. Success is the verifier's SUCCESS_THRESHOLD, stored per row.
+A row is *scored* when it has a reward; a row whose rollout or scoring failed has none, counts in
+`errors`, and is left out of every reward metric (mean_reward, pass@1, pass@k and no_answer all
+use the same scored rows). Success is the verifier's SUCCESS_THRESHOLD, stored per row as `success`.
+
+    rollouts, groups     rows, and tasks (GRPO groups); n: samples per group (the largest group)
+    errors               share of rows without a reward (the rollout or the verifier failed)
+    mean_reward          mean reward of the scored rows
+    pass@1               share of the scored rows that succeeded
+    pass@k               the unbiased estimator of Chen et al. (2021), 1 - C(s-c, k) / C(s, k) for a group
+                         of s scored rows with c successes, averaged over groups; k has its own column: by
+                         default the smallest group's s (so, with nothing failed, k = n: "any of n samples")
+    no_answer            share of scored rows where the env's `parse_answer` found no answer (the
+                         answer-format failure rate); empty for envs whose verifier has no parser
+    tool_parse_failures  share of rows with a tool call whose text did not parse (tool-call JSON only)
 """
 
 from __future__ import annotations
 
+from math import comb
 from pathlib import Path
 
 import polars as pl
 
 from hubgym.errors import NoShardsError
 
-SUMMARY_COLUMNS = ["env", "rollouts", "groups", "k", "mean_reward", "pass@1", "pass@k", "mean_turns",
-                   "truncated", "tool_calls", "tool_errors", "errors", "empty", "tokens"]
+SUMMARY_COLUMNS = ["env", "rollouts", "groups", "n", "errors", "mean_reward", "pass@1", "k", "pass@k", "no_answer",
+                   "mean_turns", "truncated", "empty", "tool_calls", "tool_errors", "tool_parse_failures", "tokens"]
 
 
 def shard_files(sources: list[str | Path]) -> list[Path]:
@@ -33,48 +46,158 @@ def scan_rollouts(sources: list[str | Path]) -> pl.LazyFrame:
     return pl.concat([pl.scan_ipc(f) for f in shard_files(sources)], how="vertical")
 
 
-def _metric(name: str) -> pl.Expr:
-    """One named metric out of the `metrics` list<struct{name, value}> column (0.0 when absent)."""
-    return (pl.col("metrics").list.eval(pl.element().filter(pl.element().struct.field("name") == name)
-                                        .struct.field("value")).list.first().fill_null(0.0))
+def _metric(name: str, default: float | None = 0.0) -> pl.Expr:
+    """One named metric out of the `metrics` list<struct{name, value}> column (`default` when absent)."""
+    value = (pl.col("metrics").list.eval(pl.element().filter(pl.element().struct.field("name") == name)
+                                         .struct.field("value")).list.first())
+    return value if default is None else value.fill_null(default)
 
 
-def summarize(rollouts: pl.LazyFrame) -> pl.DataFrame:
-    """Per-env table: rewards, pass@1/pass@k, turns, truncation, tools, errors, tokens."""
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that k of n samples, c of them successes, drawn without replacement hold a success
+    (Chen et al. 2021): 1 - C(n-c, k) / C(n, k), for 1 <= k <= n."""
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def summarize(rollouts: pl.LazyFrame, k: int | None = None) -> pl.DataFrame:
+    """Per-env table of SUMMARY_COLUMNS (see the module docstring). pass@k uses `k`, capped per env at its
+    smallest group of scored rows (by default that smallest group)."""
+    if k is not None and k < 1:
+        raise ValueError(f"pass@k needs k >= 1, got k={k}")
     rows = rollouts.select(
-        "env", "group", "reward", "num_turns", "truncated",
-        _metric("success").alias("success"), _metric("loop/tool_calls").alias("tool_calls"),
-        _metric("loop/tool_errors").alias("tool_errors"), _metric("loop/empty_responses").alias("empty"),
-        pl.col("error").is_not_null().alias("failed"), pl.col("completion_mask").list.sum().alias("tokens"),
+        "env", "group", "reward", "num_turns", "truncated", pl.col("reward").is_not_null().alias("scored"),
+        (_metric("success") > 0).alias("success"), (1.0 - _metric("reward/answer_found", None)).alias("no_answer"),
+        _metric("loop/tool_calls").alias("tool_calls"), _metric("loop/tool_errors").alias("tool_errors"),
+        (_metric("loop/parse_errors") > 0).alias("tool_parse_failures"),
+        (_metric("loop/empty_responses") > 0).alias("empty"), pl.col("completion_mask").list.sum().alias("tokens"),
     )
-    groups = rows.group_by("env", "group").agg(pl.len().alias("k"), (pl.col("success").max() > 0).alias("any"))
+    scored = pl.col("scored")
     per_env = rows.group_by("env").agg(
-        pl.len().alias("rollouts"), pl.col("reward").mean().alias("mean_reward"),
-        pl.col("success").mean().alias("pass@1"), pl.col("num_turns").mean().alias("mean_turns"),
-        pl.col("truncated").mean().alias("truncated"), pl.col("tool_calls").mean().alias("tool_calls"),
+        pl.len().alias("rollouts"), (~scored).mean().alias("errors"),
+        pl.col("reward").filter(scored).mean().alias("mean_reward"),
+        pl.col("success").filter(scored).mean().alias("pass@1"), pl.col("no_answer").filter(scored).mean(),
+        pl.col("num_turns").mean().alias("mean_turns"), pl.col("truncated").mean(), pl.col("empty").mean(),
+        pl.col("tool_calls").mean(), pl.col("tool_parse_failures").mean(), pl.col("tokens").sum(),
         (pl.col("tool_errors").sum() / pl.col("tool_calls").sum().clip(1)).alias("tool_errors"),
-        pl.col("failed").mean().alias("errors"), (pl.col("empty") > 0).mean().alias("empty"),
-        pl.col("tokens").sum().alias("tokens"),
-    )
-    per_group = groups.group_by("env").agg(pl.len().alias("groups"), pl.col("k").max().alias("k"),
-                                           pl.col("any").mean().alias("pass@k"))
-    return per_env.join(per_group, on="env").select(SUMMARY_COLUMNS).sort("env").collect()
+    ).collect()
+    groups = rows.group_by("env", "group").agg(pl.len().alias("size"), scored.sum().alias("s"),
+                                                (pl.col("success") & scored).sum().alias("c")).collect()
+    sizes = groups.group_by("env").agg(pl.len().alias("groups"), pl.col("size").max().alias("n"))
+    return (per_env.join(sizes, on="env").join(_pass_at_k(groups, k), on="env", how="left")
+            .select(SUMMARY_COLUMNS).sort("env"))
 
 
-def plot_rewards(rollouts: pl.LazyFrame, path: str | Path) -> Path:
-    """Box plot of rewards per env, saved as PNG."""
+def _pass_at_k(groups: pl.DataFrame, k: int | None) -> pl.DataFrame:
+    """env, k, pass@k from one row per group (s scored rows, c successes); groups with no scored row are left out."""
+    tally = groups.filter(pl.col("s") > 0).group_by("env", "s", "c").agg(pl.len().alias("count"))
+    out = []
+    for (env,), part in tally.group_by("env"):
+        k_env = min(int(part["s"].min()), k or int(part["s"].min()))
+        total = sum(count * pass_at_k(s, c, k_env) for s, c, count in part.select("s", "c", "count").iter_rows())
+        out.append({"env": env, "k": k_env, "pass@k": total / part["count"].sum()})
+    return pl.DataFrame(out, schema={"env": pl.String, "k": pl.Int64, "pass@k": pl.Float64})
+
+
+def reward_components(rollouts: pl.LazyFrame) -> pl.DataFrame:
+    """env, component, mean: each `reward/<name>` metric averaged over the scored rows that carry it."""
+    return (rollouts.filter(pl.col("reward").is_not_null()).select("env", pl.col("metrics").alias("m"))
+            .explode("m").drop_nulls("m").unnest("m").filter(pl.col("name").str.starts_with("reward/"))
+            .group_by("env", pl.col("name").str.strip_prefix("reward/").alias("component"))
+            .agg(pl.col("value").cast(pl.Float64).mean().alias("mean")).sort("env", "component").collect())
+
+
+def plot_rewards(rollouts: pl.LazyFrame, path: str | Path, k: int | None = None) -> Path:
+    """`reward_figure` saved as PNG."""
+    import matplotlib.pyplot as plt
+
+    fig = reward_figure(rollouts, k)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def reward_figure(rollouts: pl.LazyFrame, k: int | None = None):
+    """Three panels, one column of marks per env: how many rows earned each reward (readable when every reward
+    is equal), the rates of the summary (pass@1, pass@k, no answer, errors, truncated), and the mean of each
+    reward component. Returns the matplotlib Figure."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    frame = rollouts.select("env", "reward").drop_nulls().collect()
-    envs = sorted(frame["env"].unique().to_list())
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(envs) + 2), 3.5))
-    ax.boxplot([frame.filter(pl.col("env") == e)["reward"].to_list() for e in envs], tick_labels=envs)
-    ax.set_ylabel("reward")
-    ax.set_title("rollout rewards per environment")
+    table = summarize(rollouts, k)
+    envs = table["env"].to_list()
+    counts = (rollouts.filter(pl.col("reward").is_not_null()).group_by("env", pl.col("reward").round(3))
+              .agg(pl.len().alias("rows")).collect())
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(max(11.0, 3.6 * len(envs) + 4.5), 4.2))
+    _plot_counts(left, envs, table, counts)
+    _plot_rates(middle, envs, table)
+    _plot_components(right, envs, reward_components(rollouts))
+    fig.suptitle("rollouts per environment", fontsize=11)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return fig
+
+
+def _env_axis(ax, envs: list[str], labels: list[str] | None = None) -> None:
+    ax.set_xticks(range(len(envs)), labels or envs, fontsize=8)
+    ax.set_xlim(-0.7, len(envs) - 0.3)
+
+
+def _plot_counts(ax, envs: list[str], table: pl.DataFrame, counts: pl.DataFrame) -> None:
+    """Each distinct reward as a dot whose area is its share of the env's scored rows, labelled with its count."""
+    for i, env in enumerate(envs):
+        part = counts.filter(pl.col("env") == env).sort("reward")
+        total = max(part["rows"].sum(), 1)
+        ax.scatter([i] * len(part), part["reward"], s=[30 + 600 * r / total for r in part["rows"]], alpha=0.6)
+        if len(part) <= 8:  # a few distinct rewards: say how many rows earned each
+            for reward, rows in part.select("reward", "rows").iter_rows():
+                ax.annotate(f"{rows}", (i, reward), xytext=(9, -3), textcoords="offset points", fontsize=7)
+    labels = [f"{r['env']}\n{r['rollouts']} rows, {r['groups']} groups\n{round(r['errors'] * r['rollouts'])} errors"
+              for r in table.iter_rows(named=True)]
+    _env_axis(ax, envs, labels)
+    ax.margins(y=0.15)
+    ax.set_ylabel("reward")
+    ax.set_title("rows per reward (scored rows)", fontsize=9)
+
+
+RATES = [("pass@1", "pass@1"), ("pass@k", "pass@k"), ("no_answer", "no answer"), ("errors", "errors"),
+         ("truncated", "truncated")]
+
+
+def _plot_rates(ax, envs: list[str], table: pl.DataFrame) -> None:
+    width = 0.8 / len(RATES)
+    for j, (column, label) in enumerate(RATES):
+        values = table[column].to_list()
+        if column == "pass@k":
+            ks = sorted({k for k in table["k"].to_list() if k is not None})
+            label = f"pass@{ks[0]}" if len(ks) == 1 else "pass@k (k per env)"
+        xs = [i - 0.4 + width * (j + 0.5) for i in range(len(envs))]
+        bars = ax.bar(xs, [v or 0.0 for v in values], width, label=label)
+        for bar, value in zip(bars, values):
+            ax.annotate("-" if value is None else f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                        xytext=(0, 2), textcoords="offset points", ha="center", fontsize=6, rotation=90)
+    _env_axis(ax, envs, [f"{env}\nk={'-' if k is None else k}" for env, k in table.select("env", "k").iter_rows()])
+    ax.set_ylim(0, 1.5)  # room above the bars for the legend
+    ax.set_yticks([0, 0.25, 0.5, 0.75, 1.0])
+    ax.set_ylabel("share")
+    ax.set_title("rates (reward ones over scored rows)", fontsize=9)
+    ax.legend(fontsize=7, ncol=3, loc="upper center")
+
+
+def _plot_components(ax, envs: list[str], components: pl.DataFrame) -> None:
+    color = {name: f"C{j % 10}" for j, name in enumerate(sorted(set(components["component"])))}  # same in every env
+    for i, env in enumerate(envs):
+        part = components.filter(pl.col("env") == env)
+        width = 0.8 / max(len(part), 1)
+        if part.is_empty():
+            ax.annotate("none stored", (i, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
+        for j, (name, mean) in enumerate(part.select("component", "mean").iter_rows()):
+            x = i - 0.4 + width * (j + 0.5)
+            ax.bar(x, mean, width, color=color[name])
+            ax.annotate(f"{name} {mean:.2f}", (x, max(mean, 0.0)), xytext=(0, 2), textcoords="offset points",
+                        ha="center", va="bottom", fontsize=6, rotation=90)
+    _env_axis(ax, envs)
+    ax.margins(y=0.35)
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_ylabel("mean over scored rows")
+    ax.set_title("reward components", fontsize=9)

@@ -1,7 +1,10 @@
 """Numbers about rollouts, for the training log: per-env metrics of a step's rows, and held-out evaluation.
 
 `env_metrics(rows)` summarizes the rows a step sampled or read (reward and its components,
-success, parse failures, truncation, empty replies, tokens) under `env/<env>/...`.
+success, answer-format and tool-call parse failures, truncation, empty replies, tokens) under
+`env/<env>/...`: `no_answer` is the share of rewarded rows whose env parser found no answer (the
+`answer_found` component; absent for envs without `parse_answer`), `tool_parse_failures` the share
+of rows with a tool call whose text did not parse.
 `evaluate(...)` samples each env's held-out split with the engine serving the current weights,
 writes the rows as a normal rollout run (so `hubgym report` reads them), and returns
 `eval/<env>/{reward, pass@1, pass@k}`.
@@ -37,8 +40,14 @@ def env_metrics(rows: list[dict[str, Any]], prefix: str = "env") -> dict[str, fl
         for name in sorted(components):
             values = [v for r in scored if (v := _metric(r, name)) is not None]
             out[f"{key}/{name}"] = sum(values) / len(values) if values else float("nan")
-        out[f"{key}/success"] = sum((_metric(r, "success") or 0.0) for r in env_rows) / len(env_rows)
-        out[f"{key}/parse_failures"] = sum((_metric(r, "loop/parse_errors") or 0) > 0 for r in env_rows) / len(env_rows)
+        # over the same rewarded rows as reward (a failed rollout counts in errors, not as a failure to succeed)
+        successes = sum((_metric(r, "success") or 0.0) for r in scored)
+        out[f"{key}/success"] = successes / len(scored) if scored else float("nan")
+        found = [v for r in scored if (v := _metric(r, "reward/answer_found")) is not None]
+        if found:
+            out[f"{key}/no_answer"] = sum(v == 0 for v in found) / len(found)
+        tool_parse_failures = sum((_metric(r, "loop/parse_errors") or 0) > 0 for r in env_rows)
+        out[f"{key}/tool_parse_failures"] = tool_parse_failures / len(env_rows)
         out[f"{key}/truncated"] = sum(bool(r.get("truncated")) for r in env_rows) / len(env_rows)
         out[f"{key}/empty"] = sum((_metric(r, "loop/empty_responses") or 0) > 0 for r in env_rows) / len(env_rows)
         out[f"{key}/errors"] = sum(r.get("error") is not None for r in env_rows) / len(env_rows)
