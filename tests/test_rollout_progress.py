@@ -82,5 +82,6 @@ def test_progress_of_a_failed_then_resumed_worker(tiny_model, tmp_path):
 
     first, second = result.stdout.split("== stopped")
     assert final_line(first).startswith(f"groups 3/{mine} rollouts 6/{2 * mine} · 2 failed · ")
-    assert final_line(second).startswith(f"groups {mine}/{mine} rollouts {2 * mine}/{2 * mine} · 6 resumed · 0 failed · ")
+    rollouts = 2 * mine
+    assert final_line(second).startswith(f"groups {mine}/{mine} rollouts {rollouts}/{rollouts} · 6 resumed · 0 failed")
     assert f"== done {2 * (mine - 3)} 6" in second

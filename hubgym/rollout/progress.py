@@ -1,6 +1,6 @@
 """A rich progress bar for rollout runs: this worker's groups, rollouts, failures and generated tokens/s.
 
-    groups ━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━━ 6/8 rollouts 24/32 · 8 resumed · 1 failed · 4,096 tok · 812 tok/s
+    groups ━━━━━━━━━━━━━━━━━━━━ 6/8 rollouts 24/32 · 8 resumed · 1 failed · 4,096 tok · 812 tok/s 0:00:05
 
 The bar counts groups (tasks) of this worker only (with `--num-shards N`, each worker has its own bar over
 its own tasks). Groups stored by an earlier call of the same run count as done from the start, so a
