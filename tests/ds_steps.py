@@ -12,6 +12,11 @@ global batch is cut into `--split` micro-batches dealt to the ranks in order, so
 count and accumulation sees the same global batch. The loss is a weighted masked token NLL
 divided by the global batch's loss-token count, as hubgym's losses are.
 
+With --beta B the loss is hubgym's GRPO loss instead (dapo aggregation, advantages from the
+weights, a k3 KL of weight B against hubgym.train.reference.Reference, the initial weights frozen and,
+under ZeRO-3, partitioned across the ranks): the log then holds each step's merged policy metrics,
+which are the same for every split and process count.
+
 Rank 0 writes OUT/weights.safetensors and OUT/<--log-file>: per-step stats with a hash of the
 weights, AdamW's step count, the NLL of the whole pool before and after (Policy.logprobs) and,
 with --reference-norm, what plain transformers gets for step 0's summed-loss gradient norm and for
@@ -35,6 +40,8 @@ from safetensors.torch import save_file
 from hubgym.train.batch import MicroBatch
 from hubgym.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hubgym.train.engine import DeepSpeedSettings, Policy, shutdown
+from hubgym.train.loss import LossSettings, make_loss_fn
+from hubgym.train.reference import Reference
 
 POOL, PER_STEP, PROMPT = 8, 4, 4
 
@@ -153,6 +160,7 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--export", type=Path, default=None)
     parser.add_argument("--log-file", default="log.json")
+    parser.add_argument("--beta", type=float, default=None, help="GRPO loss with this KL weight (see above)")
     parser.add_argument("--local_rank", type=int, default=None, help="passed by the deepspeed launcher")
     return parser.parse_args()
 
@@ -163,6 +171,7 @@ def main() -> None:
     policy = Policy(args.model, DeepSpeedSettings(lr=1e-2, zero_stage=args.zero, gradient_checkpointing=args.grad_ckpt))
     share = args.split // policy.world_size  # micro-batches per rank
     log: dict = {"world_size": policy.world_size, "steps": [], "nll_before": pool_nll(policy.logprobs(pool_batch()))}
+    reference = Reference(policy) if args.beta is not None else None
     start = 0
     if args.resume:
         client = load_checkpoint(policy, args.out / "ckpt")
@@ -174,12 +183,18 @@ def main() -> None:
             log["reference_nll"] = reference_nll(args.model)
         bad = "loss" if step == args.nan_at else "grad" if step == args.bad_grad_at else None
         mine = batches[policy.rank * share:(policy.rank + 1) * share]
-        stats = policy.train_step(mine, lambda model, batch: nll_loss(model, batch, bad))
+        loss_fn = lambda model, batch: nll_loss(model, batch, bad)  # noqa: E731
+        if reference is not None:
+            loss_fn = make_loss_fn(LossSettings(variant="dapo", beta=args.beta, proximal="current"))
+            for batch in mine:
+                batch.advantages = batch.weights - 1.0  # in [-0.5, 0.5]: some sequences up, some down
+                batch.ref_logprobs = reference.logprobs(batch)
+        stats = policy.train_step(mine, loss_fn)
         state = policy.full_state_dict()
         log["steps"].append({"step": step, "loss": stats.loss, "grad_norm": stats.grad_norm, "skipped": stats.skipped,
                              "skip_reason": stats.skip_reason, "micro_batches": stats.micro_batches,
                              "tokens": stats.tokens, "lr": stats.lr, "adam_steps": adam_steps(policy),
-                             "weights": weights_hash(state) if state else None})
+                             "weights": weights_hash(state) if state else None, "metrics": stats.metrics})
         if args.save_every and (step + 1) % args.save_every == 0:
             save_checkpoint(policy, args.out / "ckpt", step, {"rows_drawn": (step + 1) * PER_STEP}, keep=args.keep)
         if args.stop_after is not None and step + 1 == args.stop_after:

@@ -1,4 +1,5 @@
-"""The policy on the real DeepSpeed (gloo on CPU): scaling, ZeRO stages, process counts, bad steps, resume, export.
+"""The policy on the real DeepSpeed (gloo on CPU): scaling, ZeRO stages, process counts, bad steps, resume, export,
+and the GRPO loss's KL to a frozen reference with its metrics merged over micro-batches and ranks.
 
 Each case runs tests/ds_steps.py in fresh processes (DeepSpeed's process group is per process)
 on the same hand-built micro-batches and a masked token NLL, and compares the final weights, the
@@ -224,3 +225,26 @@ def test_replace_dir_swaps_a_whole_folder_and_leaves_nothing_behind(tmp_path):
     replace_dir(staged, final)
     assert [p.name for p in final.iterdir()] == ["second.pt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-000003"]
+
+
+@pytest.fixture(scope="module")
+def kl_whole(tiny_model, tmp_path_factory) -> dict:
+    """The GRPO loss with a KL to the frozen initial weights, ZeRO-2, one process, each step's global batch as one
+    micro-batch: its token means are the closed form of every metric."""
+    return train(tiny_model, tmp_path_factory.mktemp("kl-whole"), "--beta", "0.1", "--split", "1")
+
+
+@slow
+@pytest.mark.parametrize("args, procs", [(("--split", "2"), 1), ((*ZERO3, "--split", "2"), 2)],
+                         ids=["zero2-two-micro-batches", "zero3-two-ranks"])
+def test_kl_and_policy_metrics_are_token_means_of_the_global_batch(tiny_model, kl_whole, tmp_path, args, procs):
+    """Micro-batches of different token counts, on one rank or two, report the whole batch's token means; under
+    ZeRO-3 the reference is partitioned too (its forward gathers from both ranks)."""
+    log = train(tiny_model, tmp_path, "--beta", "0.1", *args, procs=procs, launcher="deepspeed")
+    kl = [step["metrics"]["policy/kl"] for step in log["steps"]]
+    assert kl[0] == pytest.approx(0.0, abs=1e-9) and all(k > 1e-4 for k in kl[1:]), kl  # policy = reference at first
+    assert column(log, "micro_batches") == [2 // procs] * 3
+    for mine, whole in zip(log["steps"], kl_whole["steps"]):
+        assert mine["metrics"].keys() == whole["metrics"].keys()
+        for key, value in whole["metrics"].items():
+            assert mine["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-8), key

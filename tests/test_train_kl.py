@@ -19,6 +19,7 @@ from hubgym.train.trainer import Trainer
 from test_hub_rollouts import make_run
 
 STEPS = 4
+pytestmark = pytest.mark.slow
 
 
 def kl_run(settings: list[str]) -> tuple[list[dict], Trainer]:
