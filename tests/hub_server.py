@@ -598,14 +598,18 @@ def hub_server(tmp_path):
 def hub_client(hub_server, monkeypatch, tmp_path):
     """Point the real huggingface_hub and datasets clients at `hub_server`, online, xet off, private caches.
 
-    Both libraries read HF_ENDPOINT / HF_HUB_OFFLINE at import, so their module constants are
-    patched too (undone after the test; other tests stay offline).
+    The caches keep the clients' default layout (HF_HOME and HF_HUB_CACHE name a temp folder; downloads land
+    as `snapshots/<commit>/<file>` links into `blobs/`, as on a user's machine). Both libraries read these
+    variables at import, so their module constants are patched too (undone after the test; other tests stay
+    offline); subprocesses get them from the environment.
     """
     import datasets.config
     from huggingface_hub import constants
 
-    url = hub_server.url
-    for key, value in {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1"}.items():
+    url, home = hub_server.url, tmp_path / "hf-home"
+    for key, value in {"HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_XET": "1", "HF_HOME": str(home),
+                       "HF_HUB_CACHE": str(tmp_path / "hf-hub-cache"), "HF_HUB_DISABLE_TELEMETRY": "1",
+                       "HF_TOKEN_PATH": str(tmp_path / "no-stored-token")}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-stored-token"))

@@ -1,4 +1,4 @@
-"""`hubgym push` through the real CLI into a local hub folder, then `load_env` with the printed pin."""
+"""`hubgym push` through the real CLI, then the printed lines followed exactly as written (no hub added by hand)."""
 
 import re
 
@@ -8,15 +8,29 @@ import hubgym
 from hubgym.cli import app
 
 
-def test_push_then_load_with_printed_pin(tmp_path):
-    result = CliRunner().invoke(app, ["push", "arithmetic", "demo/arithmetic", "--config", "easy",
-                                      "--hub", str(tmp_path / "hub")], env={"COLUMNS": "400"})
+def test_push_then_load_with_the_printed_line(tmp_path):
+    hub = str(tmp_path / "hub")  # not the default hub: the printed lines must name it
+    result = CliRunner().invoke(app, ["push", "arithmetic", "demo/arithmetic", "--config", "easy", "--hub", hub],
+                                env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
-    ref = re.search(r"load_env\('([^']+)'", result.output).group(1)
-    pin = re.search(r"pin='(sha256:[0-9a-f]{64})'", result.output).group(1)
-    env = hubgym.load_env(ref, pin=pin, hub=str(tmp_path / "hub"), config="easy", split="test")
-    assert len(env.tasks) == 30 and env.tasks[0]["env"] == "arithmetic"
-    assert env.verifier.score(env.tasks[0], [hubgym.assistant("<answer>-1</answer>")]).error is None
+    line = re.search(r"load it with: (hubgym\.load_env\(.*\))", result.output).group(1)
+    ref, sha = re.search(r"load_env\('([^']+)', pin='sha256:([0-9a-f]{64})'", line).groups()
+    assert line == f"hubgym.load_env({ref!r}, pin='sha256:{sha}', hub={hub!r})"
+    assert f"sample it with: hubgym rollout {ref} --pin demo/arithmetic=sha256:{sha} --hub {hub}" in result.output
+    env = eval(line, {"hubgym": hubgym})  # exactly as printed
+    assert set(env.tasks) == {"train", "test"} and env.revision == ref.split("@")[1]
+    test = env.tasks["test"]
+    assert len(test) == 30 and test[0]["env"] == "arithmetic"
+    assert env.verifier.score(test[0], [hubgym.assistant("<answer>-1</answer>")]).error is None
+
+
+def test_push_to_the_default_hub_prints_no_hub(tmp_path):
+    hub = str(tmp_path / "hub")
+    result = CliRunner().invoke(app, ["push", "arithmetic", "demo/a", "--config", "easy"],
+                                env={"COLUMNS": "400", "HUBGYM_HUB": hub})
+    assert result.exit_code == 0, result.output
+    line = re.search(r"load it with: (hubgym\.load_env\(.*\))", result.output).group(1)
+    assert "hub=" not in line and "--hub" not in result.output
 
 
 def test_push_unknown_config_is_a_clear_error(tmp_path):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import datasets
 import pytest
 
+import hubgym
 from hubgym.errors import EnvContractError, EnvNotFoundError, HubAuthError, HubConnectionError, VerifierNotTrustedError
 from hubgym.hub import HfHub, load_env, push_env
 
@@ -24,7 +26,7 @@ def hub(hub_client, tmp_path, monkeypatch):
     """An HfHub on the loopback server, which demands TOKEN (given through HF_TOKEN)."""
     hub_client.token = TOKEN
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    return HfHub(cache_dir=tmp_path / "snapshots", backoff_s=0.01)
+    return HfHub(backoff_s=0.01)  # the client's default cache (HF_HUB_CACHE, set by hub_client): links into blobs/
 
 
 def push_small(hub, **kwargs):
@@ -141,3 +143,84 @@ def test_an_unreachable_hub_is_a_clear_error_and_a_loaded_revision_stays_usable(
         load_env("org/other", hub=hub)
     with pytest.raises(HubConnectionError, match=r"cannot create org/arith at .* after 4 attempts: ConnectError"):
         push_small(hub)
+
+
+# -- a user's env (its verifier is no installed module) through the client's cache, and short revisions --
+
+WORDS_BUILDER = '''
+from hubgym import TaskBuilder, TaskConfig, make_task, user
+
+
+class Words(TaskBuilder):
+    """words: say the word back."""
+
+    ENV = "words"
+    VERIFIER, GOLDEN = "verifier.py", "golden.jsonl"
+    BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 3, "test": 2})]
+
+    def generate_tasks(self, split, size, seed):
+        for i in range(size):
+            yield make_task(self.ENV, [user(f"say {split}{i}")], {"word": f"{split}{i}"})
+'''
+
+WORDS_VERIFIER = '''
+def said(task, completion):
+    return float(task["info"]["word"] in (completion[-1]["content"] or ""))
+
+
+REWARDS = {said: 1.0}
+'''
+
+
+def words_env(tmp_path) -> str:
+    folder = tmp_path / "words"
+    folder.mkdir()
+    (folder / "builder.py").write_text(WORDS_BUILDER)
+    (folder / "verifier.py").write_text(WORDS_VERIFIER)
+    (folder / "golden.jsonl").write_text("")
+    return str(folder)
+
+
+def test_a_verifier_pushed_over_http_loads_back_from_the_cache_links(hub, tmp_path):
+    from hubgym.score.choice import VerifierChoice
+
+    result = push_env(words_env(tmp_path), "org/words", hub=hub)
+    pin = "sha256:" + result.manifest["verifier"]["sha256"]
+    env = load_env(result.ref, hub=hub, pin=pin, split="test")
+    linked = env.path / "verifier.py"
+    assert linked.is_symlink() and linked.resolve().parent.name == "blobs"  # the client's default layout
+    assert env.verifier.sha256 == result.manifest["verifier"]["sha256"]
+    assert env.verifier.source_path.name == "verifier.py" and env.verifier.name.startswith("hubgym_user_verifier_")
+    assert env.verifier.score(env.tasks[1], [{"role": "assistant", "content": "test1"}]).reward == 1.0
+    choice = VerifierChoice(env_revision=[result.ref], pin=[f"org/words={pin}"], hub=hub)  # what `score` uses
+    assert choice.spec("words").sha256 == env.verifier.sha256
+
+
+def test_a_short_revision_resolves_as_on_the_hub(hub):
+    first = push_small(hub)
+    second = push_small(hub, overrides={"sizes": {"train": 2, "test": 1}})
+    for rev in (first.revision[:7], first.revision[:12]):
+        assert hub.exists("org/arith", rev) and hub.resolve("org/arith", rev).revision == first.revision
+        assert len(load_env(f"org/arith@{rev}", hub=hub, trust=True, split="test").tasks) == 3
+    assert load_env(f"org/arith@{second.revision[:7]}", hub=hub, trust=True).revision == second.revision
+    assert not hub.exists("org/arith", "0000000")
+
+
+def test_the_refusal_and_the_push_result_name_the_hub_and_work_as_written(hub_spec, tmp_path, monkeypatch):
+    result = push_env(words_env(tmp_path), "org/words", hub=hub_spec)
+    sha = result.manifest["verifier"]["sha256"]
+    python, cli = result.load_hints()
+    assert python == f"hubgym.load_env({result.ref!r}, pin='sha256:{sha}', hub={hub_spec!r})"
+    assert cli == f"--pin org/words=sha256:{sha} --hub {hub_spec}"  # what `rollout` and `score` take
+    assert eval(python, {"hubgym": hubgym}).verifier.sha256 == sha  # exactly as printed
+    with pytest.raises(VerifierNotTrustedError) as refused:
+        load_env("org/words", hub=hub_spec)
+    advice = re.search(r"then pin it: (hubgym\.load_env\(.*?\)) \(CLI: (.*?)\), or pass trust=True", str(refused.value))
+    assert advice.group(2) == cli
+    assert eval(advice.group(1), {"hubgym": hubgym}).verifier.sha256 == sha
+    monkeypatch.setenv("HUBGYM_HUB", hub_spec)  # the default hub goes unnamed
+    assert result.load_hints() == (python, cli)  # (the result keeps the hub it was pushed to)
+    with pytest.raises(VerifierNotTrustedError) as unnamed:
+        load_env("org/words")
+    assert "hub=" not in str(unnamed.value) and "--hub" not in str(unnamed.value)
+    assert f"(CLI: --pin org/words=sha256:{sha})" in str(unnamed.value)

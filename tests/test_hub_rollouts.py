@@ -110,7 +110,7 @@ def run_id(run: Path) -> str:
 def http_hub(hub_client, tmp_path, monkeypatch):
     hub_client.token = TOKEN
     monkeypatch.setenv("HF_TOKEN", TOKEN)
-    return HfHub(cache_dir=tmp_path / "snapshots", backoff_s=0.01)
+    return HfHub(backoff_s=0.01)  # the client's default cache (HF_HUB_CACHE, set by hub_client): links into blobs/
 
 
 @pytest.fixture(params=["local", "http"])
