@@ -254,6 +254,6 @@ def test_replay_streams_a_run_from_a_hub(runs, tmp_path):
 
 def test_replay_needs_the_envs_verifier(rows):
     row = {**copy.deepcopy(rows[0]), "env": "not_an_env"}
-    with pytest.raises(LookupError, match="pass --verifier"):
+    with pytest.raises(LookupError, match="'not_an_env'.*--verifier not_an_env=MODULE"):
         replay([row])
     assert replay([row], verifier=f"hubgym.verifiers.{rows[0]['env']}").counts()["reproduced"] == 1
