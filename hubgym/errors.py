@@ -144,6 +144,16 @@ class ShardError(HubgymError, ValueError):
         super().__init__(message, shard=shard)
 
 
+class ManifestError(HubgymError, ValueError):
+    """A stored file beside the shards is not what hubgym wrote: a run's manifest-*.json, or a rollout repo's
+    index.json or summary.json (not UTF-8, not JSON, a field missing or of the wrong type). `path` names it; the
+    message says what is wrong and how to fix it. Nothing it records was used."""
+
+    def __init__(self, message: str, path: str | None = None):
+        self.path = path
+        super().__init__(message, path=path)
+
+
 class SkippedShardsWarning(UserWarning):
     """Bad shards were skipped (`skip_bad=True`): the message counts and names them; the other shards were read."""
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import datasets
 
+from hubgym.errors import EnvContractError, Where
 from hubgym.hub.base import HubBackend, Snapshot, get_hub, hub_argument, parse_ref
-from hubgym.hub.manifest import GOLDEN_FILE, METADATA_FILES, config_files, read_manifest
+from hubgym.hub.manifest import GOLDEN_FILE, MANIFEST_FILE, METADATA_FILES, config_files, read_manifest
 from hubgym.hub.trust import load_hub_verifier
 from hubgym.schemas.tasks import TASK_FEATURES
 from hubgym.verifiers.contract import Verifier
@@ -84,5 +85,10 @@ def _load_tasks(backend: HubBackend, meta: Snapshot, files: dict[str, list[str]]
         return datasets.load_dataset("parquet", data_files=data_files, split=split, streaming=True,
                                      features=TASK_FEATURES, **options)
     snapshot = backend.resolve(meta.repo, meta.revision, patterns=METADATA_FILES + paths)
+    missing = [p for p in paths if not (snapshot.path / p).is_file()]
+    if missing:  # the manifest is data from someone else: it may name files the repo lacks
+        ref = f"{meta.repo}@{meta.revision}"
+        raise EnvContractError(f"{MANIFEST_FILE} of {ref} names the data file {missing[0]!r}, which the repo does "
+                               f"not hold", Where(env=ref, field=MANIFEST_FILE), "re-push the env with `hubgym push`")
     data_files = {s: [str(snapshot.path / p) for p in group] for s, group in files.items()}
     return datasets.load_dataset("parquet", data_files=data_files, split=split, features=TASK_FEATURES)

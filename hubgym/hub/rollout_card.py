@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from hubgym.hub.manifest import StoredFile, expect
 from hubgym.rollout.report import scan_rollouts, summarize
 
 _PROVENANCE = ("model", "policy_version", "engine", "engine_version", "split", "n", "sampling",
@@ -78,6 +79,24 @@ def env_stats(summary: dict) -> dict[str, dict]:
                   "k": next(iter(a["ks"])) if len(a["ks"]) == 1 else None,
                   "errors": a["errors_sum"] / max(a["rollouts"], 1), "tokens": a["tokens"]}
             for env, a in sorted(out.items())}
+
+
+def read_summary(stored: StoredFile) -> dict:
+    """A run's summary.json as a repo holds it (other workers' stats are kept from it), checked as far as the
+    card reads it: `envs` and `workers` objects of objects, every stat a number; else ManifestError naming it."""
+    summary, fail = stored.read(), stored.fail
+    for key in ("envs", "workers"):
+        for name, value in (expect(summary.get(key), (dict, type(None)), key, fail) or {}).items():
+            expect(value, (dict,), f"{key}.{name}", fail)
+    for worker, per_env in (summary.get("workers") or {}).items():
+        for env, stats in per_env.items():
+            for key, value in expect(stats, (dict,), f"workers.{worker}.{env}", fail).items():
+                expect(value, (int, float, type(None)), f"workers.{worker}.{env}.{key}", fail)
+    try:
+        env_stats(summary)
+    except (KeyError, TypeError) as exc:  # a stat missing, or null where the card adds it up
+        raise fail(f"has worker stats the card cannot add up ({type(exc).__name__}: {exc})", "workers") from None
+    return summary
 
 
 def render_card(repo: str, runs: dict[str, tuple[dict, dict | None]]) -> str:

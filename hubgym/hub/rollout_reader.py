@@ -15,7 +15,6 @@ read, and one SkippedShardsWarning at the end counts and names what was skipped.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,9 +27,9 @@ import pyarrow as pa
 
 from hubgym.errors import EnvNotFoundError, NoShardsError, ShardError, SkippedShardsWarning
 from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
-from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
+from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
+from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, load_shard
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES
-from hubgym.schemas.tasks import parse_json
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 HubSpec = HubBackend | str | os.PathLike | None
@@ -67,29 +66,44 @@ def _collect(source: Source, hub: HubSpec) -> tuple[list[ShardSource], dict | No
         raise NoShardsError(f"{source} is not a folder or file here, nor a rollout repo: {exc}") from None
 
 
+def local_shard_sources(paths: Sequence[str | os.PathLike]) -> list[ShardSource]:
+    """The shards of local run folders and shard files (never a hub ref: a missing path is NoShardsError)."""
+    for path in map(Path, paths):
+        if not path.exists():
+            raise NoShardsError(f"{path} does not exist; give a run folder written by `hubgym rollout` or its "
+                                f"shard files")
+    return [s for path in paths for s in _local_sources(Path(path))]
+
+
 def _local_sources(path: Path) -> list[ShardSource]:
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*.arrow") if not p.name.startswith("."))
+    """A shard file, or every shard of the runs under a folder: those found and those a run manifest records
+    (one that is gone is read as missing, so the read fails naming it instead of quietly holding fewer rows)."""
+    found = [path] if path.is_file() else [p for p in path.rglob("*.arrow") if not p.name.startswith(".")]
+    run_dirs = {file.parent.parent for file in found}
+    if not path.is_file():
+        run_dirs |= {manifest.parent for manifest in path.rglob("manifest-*.json")}
+    recorded = {run_dir: recorded_shards(run_dir) for run_dir in sorted(run_dirs)}
+    listed = {run_dir / "shards" / name for run_dir, files in recorded.items() for name in files}
+    files = sorted(set(found) | {p for p in listed if path in p.parents}) if not path.is_file() else found
     if not files:
         raise NoShardsError(f"no rollout shards (*.arrow) under {path}; give a run folder written by "
                             f"`hubgym rollout` or its shard files")
-    recorded: dict[Path, dict[str, dict]] = {}
     out = []
     for file in files:
-        run_dir = file.parent.parent
-        if run_dir not in recorded:
-            recorded[run_dir] = recorded_shards(run_dir)
-        info = recorded[run_dir].get(file.name, {})
+        info = recorded[file.parent.parent].get(file.name, {})
         out.append(ShardSource(str(file), str(file), info.get("sha256"), info.get("rows")))
     return out
 
 
 def recorded_shards(run_dir: Path) -> dict[str, dict]:
-    """{shard file: {"sha256", "rows"}} from a run folder's manifests (writer) and index.json (push)."""
+    """{shard file: {"sha256", "rows"}} from a run folder's manifests (writer) and index.json (push); a manifest
+    or index that is not what hubgym writes is ManifestError naming it."""
     found: dict[str, dict] = {}
     for manifest in sorted(run_dir.glob("manifest-*.json")):
-        found.update(_read_json(manifest).get("shard_files") or {})
-    if (run_dir / INDEX_FILE).is_file():
-        found.update(_read_json(run_dir / INDEX_FILE).get("shards") or {})
+        found.update(read_run_manifest(manifest)["shard_files"])
+    index = run_dir / INDEX_FILE
+    if index.exists():
+        found.update(read_index(StoredFile(index, str(index), INDEX_FIX))["shards"])
     return found
 
 
@@ -102,7 +116,9 @@ def _hub_sources(ref: str, backend: HubBackend) -> tuple[list[ShardSource], dict
                             f"runs: {', '.join(runs) or 'none'}. Push one with `hubgym push-rollouts RUN_DIR {repo}`")
     out, features = [], None
     for name in [run] if run else runs:
-        index = _read_json(snapshot.path / name / INDEX_FILE)
+        stored = StoredFile(snapshot.path / name / INDEX_FILE, f"{repo}@{snapshot.revision}:{name}/{INDEX_FILE}",
+                            INDEX_FIX)
+        index = read_index(stored)
         shards, features = index["shards"], features or index.get("features")
         paths = [f"{name}/shards/{file}" for file in sorted(shards)]
         urls, kwargs = backend.stream_urls(snapshot, paths)
@@ -117,10 +133,6 @@ def _hub_sources(ref: str, backend: HubBackend) -> tuple[list[ShardSource], dict
     return out, features
 
 
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text())
-
-
 # -- iterating --------------------------------------------------------------------------------------
 
 
@@ -130,25 +142,30 @@ def iter_batches(source: Source, *, hub: HubSpec = None, verify: bool = True, sk
 
     `counts`, if given, gets "shards", "rows" and "bad_shards" added up as the read goes.
     """
-    yield from _batches(shard_sources(source, hub=hub), verify, skip_bad, counts)
+    for loaded in verified_shards(shard_sources(source, hub=hub), verify=verify, skip_bad=skip_bad, counts=counts):
+        yield from loaded.batches()
 
 
 def iter_rollouts(source: Source, *, hub: HubSpec = None, verify: bool = True, skip_bad: bool = False,
                   counts: dict | None = None) -> Iterator[dict[str, Any]]:
     """Rollout rows as dicts (`info` decoded, as `datasets` decodes it), one record batch in memory at a time."""
-    for batch in iter_batches(source, hub=hub, verify=verify, skip_bad=skip_bad, counts=counts):
-        for row in batch.to_pylist():
-            yield decode_row(row)
+    for loaded in verified_shards(shard_sources(source, hub=hub), verify=verify, skip_bad=skip_bad, counts=counts):
+        for batch in loaded.batches():
+            for row in batch.to_pylist():
+                yield decode_row(row, loaded.source.name)
 
 
-def decode_row(row: dict[str, Any]) -> dict[str, Any]:
+def decode_row(row: dict[str, Any], shard: str | None = None) -> dict[str, Any]:
     if isinstance(row.get("info"), str):
-        row["info"] = parse_json(row["info"])
+        row["info"] = decode_info(row["info"], shard, row.get("rollout_id"))
     return row
 
 
-def _batches(sources: list[ShardSource], verify: bool, skip_bad: bool,
-             counts: dict | None) -> Iterator[pa.RecordBatch]:
+def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad: bool = False,
+                    counts: dict | None = None) -> Iterator[LoadedShard]:
+    """Each shard loaded and checked (see load_shard), in order; a bad one raises its ShardError, or with
+    `skip_bad` is left out and named in one SkippedShardsWarning at the end. This is the one way hubgym
+    reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it."""
     counts = counts if counts is not None else {}
     bad: list[str] = []
     for source, loaded in _prefetched(sources, verify):
@@ -160,7 +177,7 @@ def _batches(sources: list[ShardSource], verify: bool, skip_bad: bool,
             continue
         counts["shards"] = counts.get("shards", 0) + 1
         counts["rows"] = counts.get("rows", 0) + loaded.rows
-        yield from loaded.batches()
+        yield loaded
     if bad:
         warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(sources)} in this read): "
                                            f"{', '.join(bad)}"), stacklevel=3)
@@ -217,13 +234,25 @@ class RolloutShards(datasets.ArrowBasedBuilder):
     def _generate_tables(self, sources: list[ShardSource]):
         from datasets.builder import Key
 
-        columns = list(self.config.rollout_features)
-        for i, batch in enumerate(_batches(sources, self.config.verify, self.config.skip_bad, None)):
-            missing = [c for c in columns if c not in batch.schema.names]
-            if missing:
-                raise ShardError(f"a shard lacks column(s) {', '.join(missing)} that the first shard has; open runs "
-                                 f"with different columns (e.g. re-scored and not) separately")
-            yield Key(0, i), pa.Table.from_batches([batch]).select(columns)
+        expected = self.config.rollout_features.arrow_schema
+        i = 0
+        for loaded in verified_shards(sources, verify=self.config.verify, skip_bad=self.config.skip_bad):
+            _check_features(loaded, expected)
+            for batch in loaded.batches():
+                yield Key(0, i), pa.Table.from_batches([batch]).select(expected.names)
+                i += 1
+
+
+def _check_features(loaded: LoadedShard, expected: pa.Schema) -> None:
+    """A shard holds every column of the dataset's features, typed as they type it."""
+    schema = loaded.reader.schema
+    missing = [n for n in expected.names if n not in schema.names]
+    other = [n for n in expected.names if n in schema.names and not schema.field(n).type.equals(expected.field(n).type)]
+    if missing or other:
+        raise ShardError(f"shard {loaded.source.name} does not fit the features of the first shard or of its run's "
+                         f"index.json (missing: {', '.join(missing) or '-'}; other types: {', '.join(other) or '-'}); "
+                         f"open runs with different columns (e.g. re-scored and not) separately, or push a run whose "
+                         f"index.json was edited again", shard=loaded.source.name)
 
 
 def open_rollouts(source: Source, *, hub: HubSpec = None, streaming: bool = True, verify: bool = True,

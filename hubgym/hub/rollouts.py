@@ -29,7 +29,8 @@ import datasets
 
 from hubgym.errors import NoShardsError, ShardError
 from hubgym.hub.base import GITATTRIBUTES, HubBackend, check_name, get_hub
-from hubgym.hub.rollout_card import merge_summaries, render_card, run_summary
+from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
+from hubgym.hub.rollout_card import merge_summaries, read_summary, render_card, run_summary
 from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exported)
     INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollouts,
     open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
@@ -66,7 +67,7 @@ def push_rollouts(run_dir: str | os.PathLike, repo: str, *, hub: HubBackend | st
     if not manifests or not shards:
         raise NoShardsError(f"{run_dir} is not a rollout run folder (no manifest-*.json or shards/*.arrow); give the "
                             f"--out folder of `hubgym rollout`")
-    name = _check_name(name or json.loads(manifests[0].read_text()).get("run_id") or run_dir.name)
+    name = _check_name(name or read_run_manifest(manifests[0])["run_id"] or run_dir.name)
     local, features = check_shards(shards, recorded_shards(run_dir))
     backend.create_repo(repo)
     index, head = _repo_index(backend, repo, name)
@@ -87,6 +88,11 @@ def push_rollouts(run_dir: str | os.PathLike, repo: str, *, hub: HubBackend | st
 
 def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[str, dict], dict]:
     """{file: {"sha256", "rows"}} of shards that pass every check, and their (common) features; else ShardError."""
+    gone = sorted(set(recorded) - {p.name for p in shards})
+    if gone:  # a partial run is never published
+        missing = shards[0].parent / gone[0]
+        raise ShardError(f"shard {missing} is listed in its run's manifest but missing; re-run the rollout (it "
+                         f"resumes and rewrites only what is missing)", shard=str(missing))
     out, features = {}, None
     for path in shards:
         info = recorded.get(path.name, {})
@@ -113,7 +119,7 @@ def _repo_index(backend: HubBackend, repo: str, name: str) -> tuple[dict, str]:
     and the head's commit id."""
     snapshot = backend.resolve(repo, patterns=[f"{name}/{INDEX_FILE}", GITATTRIBUTES])  # (one file always matches)
     path = snapshot.path / name / INDEX_FILE
-    index = json.loads(path.read_text()) if path.is_file() else {}
+    index = read_index(StoredFile(path, f"{repo}:{name}/{INDEX_FILE}", INDEX_FIX)) if path.exists() else {}
     return {"shards": dict(index.get("shards") or {}), "features": index.get("features")}, snapshot.revision
 
 
@@ -135,7 +141,7 @@ def _finish(backend: HubBackend, repo: str, name: str, index: dict, shards: list
     """The last commit: manifests, index, summary and the card (none if nothing changed). If another push
     changed the runs meanwhile, the card is rebuilt (at most twice more) so it lists every run in the repo.
     Returns the revision and the number of commits made."""
-    loaded = [json.loads(m.read_text()) for m in manifests]
+    loaded = [read_run_manifest(m) for m in manifests]
     files: dict[str, Any] = {f"{name}/{m.name}": m for m in manifests}
     files[f"{name}/{INDEX_FILE}"] = _index_json(index)
     commits = 0
@@ -160,8 +166,10 @@ def _runs(backend: HubBackend, repo: str, revision: str | None = None) -> dict[s
     out = {}
     for path in snapshot.path.glob(f"*/{INDEX_FILE}"):
         summary = path.parent / SUMMARY_FILE
-        out[path.parent.name] = (json.loads(path.read_text()),
-                                 json.loads(summary.read_text()) if summary.is_file() else None)
+        at = f"{repo}@{snapshot.revision}:{path.parent.name}/"
+        out[path.parent.name] = (read_index(StoredFile(path, at + INDEX_FILE, INDEX_FIX)),
+                                 read_summary(StoredFile(summary, at + SUMMARY_FILE, INDEX_FIX))
+                                 if summary.exists() else None)
     return out
 
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 from hubgym.errors import HubConnectionError, ShardError
 from hubgym.fileio import sha256_file
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
+from hubgym.schemas.tasks import parse_json
 
 FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
 
@@ -75,14 +76,32 @@ def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:
             batch = reader.get_batch(i)
             if verify and source.sha256 is None:
                 batch.validate(full=True)
+                _check_info(batch, source.name)
             rows += batch.num_rows
-    except (pa.ArrowInvalid, pa.ArrowIOError, OSError) as exc:
+    except (pa.ArrowException, OSError) as exc:  # any Arrow error: a flipped byte can reach any of them
         raise ShardError(f"shard {source.name} is truncated or corrupted ({_first_line(exc)}); {FIX}",
                          shard=source.name) from None
     if verify and source.rows is not None and rows != source.rows:
         raise ShardError(f"shard {source.name} holds {rows} rows, but {source.rows} were recorded; {FIX}",
                          shard=source.name)
     return LoadedShard(source, reader, rows)
+
+
+def decode_info(text: str, shard: str | None, rollout_id: str | None) -> Any:
+    """A row's `info` JSON, decoded; ShardError naming the shard and the row if it is not JSON."""
+    try:
+        return parse_json(text)
+    except (ValueError, RecursionError) as exc:  # json's errors; msgspec's are retried by json
+        raise ShardError(f"shard {shard}: row {rollout_id!r} has an `info` that is not JSON ({_first_line(exc)}); "
+                         f"{FIX}", shard=shard) from None
+
+
+def _check_info(batch: pa.RecordBatch, name: str) -> None:
+    """Every `info` of a shard nothing recorded decodes (a recorded sha256 already vouches for the writer's)."""
+    ids = batch.column("rollout_id").to_pylist()
+    for rollout_id, text in zip(ids, batch.column("info").storage.to_pylist(), strict=True):
+        if text is not None:
+            decode_info(text, name, rollout_id)
 
 
 def check_schema(schema: pa.Schema, name: str) -> None:
@@ -105,13 +124,29 @@ def _fetch(source: ShardSource) -> bytes | pa.MemoryMappedFile:
         with fsspec.open(source.location, "rb", block_size=0, **source.options) as f:  # block_size=0: one stream
             return f.read()
     except FileNotFoundError:
-        raise ShardError(f"shard {source.name} is listed but missing ({source.location}); re-push the run",
-                         shard=source.name) from None
-    except Exception as exc:  # the network, or the hub refusing: not the shard's fault (never shows options)
+        if source.remote:
+            detail = f"in its run's index.json but missing ({source.location}); re-push the run"
+        else:
+            detail = f"in its run's manifest but missing; {FIX}"
+        raise ShardError(f"shard {source.name} is listed {detail}", shard=source.name) from None
+    except Exception as exc:
+        if not source.remote and isinstance(exc, OSError):  # e.g. a folder where the shard should be
+            raise ShardError(f"shard {source.name} cannot be read ({_first_line(exc)}); {FIX}",
+                             shard=source.name) from None
         if not source.remote:
             raise
+        # the network, or the hub refusing: not the shard's fault (the message never shows the options)
         raise HubConnectionError(f"cannot read shard {source.name} from {source.location.split('@')[0]}: "
                                  f"{_first_line(exc)}. Check the network and the token, then read again") from None
+
+
+def footer_rows(path: str) -> int | None:
+    """The rows a local shard's footer declares (cheap: no data is read), or None if it does not open."""
+    try:
+        with pa.memory_map(path) as f:
+            return pa.ipc.open_file(f).count_rows()
+    except (pa.ArrowException, OSError):
+        return None
 
 
 def _first_line(exc: BaseException) -> str:

@@ -42,8 +42,20 @@ def shard_files(sources: list[str | Path]) -> list[Path]:
     return files
 
 
-def scan_rollouts(sources: list[str | Path]) -> pl.LazyFrame:
-    return pl.concat([pl.scan_ipc(f) for f in shard_files(sources)], how="vertical")
+def scan_rollouts(sources: list[str | Path], *, skip_bad: bool = False) -> pl.LazyFrame:
+    """The rollout columns of every shard under `sources`, each shard checked first as iter_rollouts checks it
+    (the sha256 its run manifest records, Arrow structure, rollout schema, rows): a bad shard or manifest
+    raises ShardError or ManifestError naming it, or with `skip_bad` a bad shard is left out (one
+    SkippedShardsWarning names it). Extra columns (e.g. re-scoring's) are left out, so any shards concatenate."""
+    from hubgym.hub.rollout_reader import local_shard_sources, verified_shards
+    from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
+
+    shards = local_shard_sources(sources)
+    files = [loaded.source.location for loaded in verified_shards(shards, skip_bad=skip_bad)]
+    if not files:
+        raise NoShardsError(f"every one of the {len(shards)} shard(s) under {', '.join(map(str, sources))} is bad "
+                            f"(named in the warning above); re-run the rollout that wrote them")
+    return pl.concat([pl.scan_ipc(f).select(ROLLOUT_SCHEMA.names) for f in files], how="vertical")
 
 
 def _metric(name: str, default: float | None = 0.0) -> pl.Expr:
