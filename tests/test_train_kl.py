@@ -69,3 +69,13 @@ def test_a_kl_run_on_stored_rollouts_trains_from_a_frozen_reference(tiny_model, 
     assert not any(p.requires_grad for p in reference.parameters())  # frozen: no gradient
     assert not isinstance(getattr(reference, "optimizer", None), torch.optim.Optimizer)  # and no optimizer state
     assert all(hasattr(p, "ds_id") for p in reference.parameters()) == (zero == 3)  # partitioned under ZeRO-3
+
+
+def test_a_kl_run_on_fresh_rollouts_starts_at_zero(tiny_model, tmp_path):
+    """The online path: vLLM samples the policy, the reference scores the same packed micro-batches."""
+    steps, _ = kl_run([f"model={tiny_model}", f"output_dir={tmp_path}", "envs=[{name: reverse_text}]",
+                       "online.steps=3", "grpo.n=4", "batch.groups_per_step=4", "sampling.max_tokens=12",
+                       "eval.limit=0", "loss.beta=0.1", "online.max_model_len=512", "log.every=1000"])
+    kl = [r["policy/kl"] for r in steps]
+    assert [r["step"] for r in steps] == [0, 1, 2] and all(r["train/phase"] == 1 for r in steps)
+    assert kl[0] == pytest.approx(0.0, abs=1e-9) and min(kl[1:]) > 0.0, kl
