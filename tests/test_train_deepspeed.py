@@ -242,7 +242,7 @@ def test_kl_and_policy_metrics_are_token_means_of_the_global_batch(tiny_model, k
     ZeRO-3 the reference is partitioned too (its forward gathers from both ranks)."""
     log = train(tiny_model, tmp_path, "--beta", "0.1", *args, procs=procs, launcher="deepspeed")
     kl = [step["metrics"]["policy/kl"] for step in log["steps"]]
-    assert kl[0] == pytest.approx(0.0, abs=1e-9) and all(k > 1e-4 for k in kl[1:]), kl  # policy = reference at first
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and all(k > 1e-4 for k in kl[1:]), kl  # policy = reference at first
     assert column(log, "micro_batches") == [2 // procs] * 3
     for mine, whole in zip(log["steps"], kl_whole["steps"]):
         assert mine["metrics"].keys() == whole["metrics"].keys()

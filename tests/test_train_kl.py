@@ -36,7 +36,7 @@ def kl_run(settings: list[str]) -> tuple[list[dict], Trainer]:
 def assert_kl_starts_at_zero_and_rises(steps: list[dict]) -> None:
     kl = [r["policy/kl"] for r in steps]
     assert len(kl) >= 3 and all(r["policy/skipped"] == 0.0 for r in steps), steps
-    assert kl[0] == pytest.approx(0.0, abs=1e-9), kl  # the policy is the reference before its first update
+    assert kl[0] == pytest.approx(0.0, abs=1e-6), kl  # the policy is the reference before its first update
     assert 0.0 < kl[1] < kl[-1], kl
 
 
@@ -78,4 +78,4 @@ def test_a_kl_run_on_fresh_rollouts_starts_at_zero(tiny_model, tmp_path):
                        "eval.limit=0", "loss.beta=0.1", "online.max_model_len=512", "log.every=1000"])
     kl = [r["policy/kl"] for r in steps]
     assert [r["step"] for r in steps] == [0, 1, 2] and all(r["train/phase"] == 1 for r in steps)
-    assert kl[0] == pytest.approx(0.0, abs=1e-9) and min(kl[1:]) > 0.0, kl
+    assert kl[0] == pytest.approx(0.0, abs=1e-6) and min(kl[1:]) > 0.0, kl
