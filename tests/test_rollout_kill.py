@@ -1,0 +1,110 @@
+"""`kill -9` of hubgym: the processes its vLLM engine started die with it, the groups it finished more than a few
+seconds before are on disk, and the same command then completes the run with no rollout twice or left out."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pyarrow as pa
+import pytest
+
+from hubgym.hub.rollouts import iter_rollouts
+
+TASKS, N = 100, 4  # 400 rollouts: fewer than a shard holds, so a shard on disk mid-run was written by time
+
+
+def wait_for(condition, what: str, timeout_s: float = 600) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_reaper_kills_every_process_started_in_engine_process_env_when_its_process_is_killed(tmp_path):
+    """Marked children and their own children die with the process; a child started outside is left alone."""
+    script = textwrap.dedent("""
+        import subprocess, sys, time
+        from hubgym.rollout.reaper import engine_process_env
+        sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
+        spawner = [sys.executable, "-c", "import subprocess, sys, time; "
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]
+        with engine_process_env():
+            marked = [subprocess.Popen(sleep), subprocess.Popen(spawner)]
+        unmarked = subprocess.Popen(sleep, start_new_session=True)
+        print(" ".join(str(p.pid) for p in marked), unmarked.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    *marked_pids, unmarked_pid = map(int, parent.stdout.readline().split())
+    wait_for(lambda: len(psutil.Process(marked_pids[1]).children()) == 1, "the grandchild")
+    marked = [psutil.Process(pid) for pid in marked_pids] + psutil.Process(marked_pids[1]).children()
+    unmarked = psutil.Process(unmarked_pid)
+
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait(timeout=60)
+    _, alive = psutil.wait_procs(marked, timeout=60)
+
+    try:
+        assert alive == [] and unmarked.is_running()
+    finally:
+        for proc in alive + [unmarked]:
+            proc.kill()
+
+
+def command(model: Path, out: Path) -> list[str]:
+    return [str(Path(sys.executable).with_name("hubgym")), "rollout", "arithmetic:medium", "--model", str(model),
+            "--n", str(N), "--limit", str(TASKS), "--concurrency", "2", "--max-model-len", "1024", "--out", str(out)]
+
+
+def stored_rows(out: Path) -> int:
+    """Rows in the shard files (each one complete: shards are written atomically), read without the manifest."""
+    return sum(pa.ipc.open_file(str(p)).read_all().num_rows for p in (out / "shards").glob("*.arrow"))
+
+
+def manifest_rows(out: Path) -> int:
+    path = out / "manifest-w000of001.json"
+    return json.loads(path.read_text())["rows"] if path.exists() else 0
+
+
+@pytest.mark.slow
+def test_sigkill_of_hubgym_rollout_takes_vllm_with_it_and_the_same_command_completes_the_run(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    with open(tmp_path / "log", "w") as log:
+        proc = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True)
+    hubgym, descendants = psutil.Process(proc.pid), []
+    try:
+        # Groups finish two at a time; the first ones are on disk after flush_every_s though no shard is full.
+        wait_for(lambda: manifest_rows(out) > 0 or proc.poll() is not None, "a manifest that counts rows")
+        assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
+        flushed = manifest_rows(out)
+        engine = [p for p in hubgym.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())
+                  or p.name().startswith("VLLM")]
+        descendants = hubgym.children(recursive=True)
+        assert engine and 0 < flushed < TASKS * N
+
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        _, alive = psutil.wait_procs(descendants, timeout=60)
+    finally:  # whatever failed, nothing of this test keeps running
+        for left in [hubgym, *descendants]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                left.kill()
+    assert alive == [], [(p.pid, p.cmdline()) for p in alive]
+    stored = stored_rows(out)
+    assert flushed <= stored < TASKS * N and stored % N == 0  # whole groups only
+
+    resumed = subprocess.run(command(tiny_model, out), capture_output=True, text=True, timeout=900)
+
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
+    assert f"({stored} already stored)" in " ".join(resumed.stdout.split())
+    ids = [row["rollout_id"] for row in iter_rollouts([out])]
+    assert len(ids) == TASKS * N and len(set(ids)) == len(ids)
