@@ -1,10 +1,13 @@
-"""`hubgym init NAME`: scaffold a new environment folder that passes `hubgym check` as generated.
+"""`hubgym init NAME --kind KIND`: scaffold a new environment folder that passes `hubgym check` as generated.
 
-    scaffold_env("my_env", Path("envs"))
+    scaffold_env("my_env", Path("envs"), kind="multi_turn")
     # -> envs/my_env/{builder.py, verifier.py, golden.jsonl, README.md, test_env.py}
 
-The files come from `hubgym/templates/env/*.tmpl` (`string.Template`, `${name}` placeholders). The
-folder is written next to its final place and renamed into it, so a failure leaves nothing half-made.
+Each kind has its own example: single_turn adds two numbers, tool_use multiplies with the calculator
+tool, multi_turn is a higher/lower guessing game driven by the verifier's reset/step. The files come
+from `hubgym/templates/env/<kind>/*.tmpl` and the shared `hubgym/templates/env/*.tmpl`
+(`string.Template`, `${name}` placeholders). The folder is written next to its final place and
+renamed into it, so a failure leaves nothing half-made.
 """
 
 from __future__ import annotations
@@ -21,6 +24,25 @@ from hubgym.builders.registry import BUILTIN_ENVS
 from hubgym.errors import EnvContractError, Where
 
 TEMPLATES = Path(__file__).parent / "templates" / "env"
+KIND_TEXT: dict[str, dict[str, str]] = {  # what the shared README says about each kind's example
+    "single_turn": {
+        "summary": "add two whole numbers, answered in one turn",
+        "verifier": "pure reward functions: `REWARDS = {fn: weight}` and `REWARD_RANGE`",
+        "edit": "Change the reward functions in `verifier.py`: pure (no network, no file writes, no global\n"
+                "   state), `def name(task, completion) -> float`; weight 0 makes a metric."},
+    "tool_use": {
+        "summary": "multiply two numbers, calling the `calculator` tool",
+        "verifier": "pure reward functions and `REWARD_RANGE`; the rows' `tool_rewards` add per-call shaping",
+        "edit": "Change the reward functions in `verifier.py` (pure, `def name(task, completion) -> float`)\n"
+                "   and the tools the rows offer (`TOOLS` and `interaction(tools=...)`: names from hubgym's tool\n"
+                "   registry); `REWARD_RANGE` must bound the reward plus the shaping."},
+    "multi_turn": {
+        "summary": "find a secret number from higher/lower hints, one guess per turn",
+        "verifier": "the MDP: `reset(task)` and `step(task, state, action)`, plus `REWARDS` and `REWARD_RANGE`",
+        "edit": "Change `reset` and `step` in `verifier.py`: keep everything the episode needs in the JSON\n"
+                "   `state` they return (no module-level state), and answer any reply, even an empty one.\n"
+                "   Golden cases give `actions` (or a completion) and the task's `interaction`."},
+}
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
 NAME_RULE = "lowercase letters, digits and '_', starting with a letter, at most 48 characters"
 
@@ -46,15 +68,19 @@ def class_name(name: str) -> str:
     return "".join(part[:1].upper() + part[1:] for part in name.split("_") if part)
 
 
-def render(name: str) -> dict[str, str]:
-    """File name -> content of a new env folder."""
-    values = {"name": name, "cls": class_name(name)}
+def render(name: str, kind: str = "single_turn") -> dict[str, str]:
+    """File name -> content of a new env folder of one interaction kind."""
+    if kind not in KIND_TEXT:
+        raise EnvContractError(f"unknown kind {kind!r}", Where(env=name, field="--kind"),
+                               f"use one of: {', '.join(KIND_TEXT)}")
+    values = {"name": name, "cls": class_name(name), "kind": kind, **KIND_TEXT[kind]}
+    paths = [*TEMPLATES.glob("*.tmpl"), *(TEMPLATES / kind).glob("*.tmpl")]
     return {path.name.removesuffix(".tmpl"): Template(path.read_text()).substitute(values)
-            for path in sorted(TEMPLATES.glob("*.tmpl"))}
+            for path in sorted(paths, key=lambda p: p.name)}
 
 
-def scaffold_env(name: str, parent: str | Path = ".") -> Path:
-    """Create `parent/name/` with a working single_turn env; refuse a bad name or an existing path."""
+def scaffold_env(name: str, parent: str | Path = ".", kind: str = "single_turn") -> Path:
+    """Create `parent/name/` with a working env of `kind`; refuse a bad name or kind, or an existing path."""
     validate_env_name(name)
     parent = Path(parent)
     target = parent / name
@@ -62,7 +88,7 @@ def scaffold_env(name: str, parent: str | Path = ".") -> Path:
         raise EnvContractError(f"{target} already exists; hubgym init never overwrites files",
                                Where(env=name, field="NAME"),
                                "pick another NAME or --dir, or move the existing folder away")
-    files = render(name)
+    files = render(name, kind)
     parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=parent))
     try:

@@ -104,8 +104,8 @@ def test_init_scaffolds_an_env_that_passes_check(tmp_path):
     result = hubgym("init", "add_numbers", "--dir", tmp_path)
     assert result.exit_code == 0, result.output
     folder = tmp_path / "add_numbers"
-    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "builder.py", "golden.jsonl", "test_env.py",
-                                                         "verifier.py"]
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "__init__.py", "builder.py", "golden.jsonl",
+                                                         "test_env.py", "verifier.py"]
     assert 'ENV = "add_numbers"' in (folder / "builder.py").read_text()
     checked = hubgym("check", folder)
     assert checked.exit_code == 0, checked.output

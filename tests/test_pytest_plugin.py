@@ -81,3 +81,22 @@ def test_the_fixture_passes_a_good_env_and_lists_every_failure_of_a_broken_one(p
         "- check_ids_from_content: id 'unstable_ids-*' is not derived from the row's content *",
         "- check_deterministic_rows: row 0 differs between two builds *",
     ])
+
+
+def test_a_folder_of_envs_checks_each_env_folder_in_it(pytester):
+    envs = pytester.path / "envs"
+    shutil.copytree(ENVS / "baseline", envs / "my_env")
+    shutil.copytree(ENVS / "nondeterministic_step", envs / "games" / "guess")
+    (envs / "notes").mkdir()  # a folder without builder.py is not an env
+    result = pytester.runpytest("--hubgym-env", "envs", "--hubgym-max-rows", "2")
+    result.assert_outcomes(passed=2 * N - 2, failed=2)
+    result.stdout.fnmatch_lines([f"*collected {2 * N} items",
+                                 "FAILED hubgym-check?games/guess::check_reset_step_deterministic?*",
+                                 "FAILED hubgym-check?games/guess::check_golden_replay?*"])
+
+
+def test_a_folder_without_envs_is_a_usage_error(pytester):
+    (pytester.path / "envs").mkdir()
+    result = pytester.runpytest("--hubgym-env", "envs")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --hubgym-env envs: no folder at or below it holds builder.py; *"])

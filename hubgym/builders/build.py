@@ -35,9 +35,20 @@ def build_tasks(env: str | type[TaskBuilder], config: str | None = None, *,
 
 def build_files(env: str | type[TaskBuilder], config: str | None, out_dir: str | Path,
                 file_format: str = "parquet") -> list[Path]:
-    """Write one config's splits as `<out_dir>/<config>/<env>-<split>.<fmt>` shards; return the files."""
+    """Write one config's splits as `<out_dir>/<config>/<env>-<split>.<fmt>` shards; return the files.
+
+    datasets writes lock files beside its output folder (`<folder>_builder.lock`, `<folder>.incomplete_info.lock`);
+    the build runs in a staging folder inside `out_dir`, so only the built files (and dataset_info.json) land there.
+    """
     builder = make_builder(env, config)
-    target = Path(out_dir) / builder.config.name
-    builder.download_and_prepare(output_dir=str(target), file_format=file_format,
-                                 download_mode="force_redownload", verification_mode="no_checks")
+    out_dir = Path(out_dir)
+    target = out_dir / builder.config.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".hubgym-build-", dir=out_dir) as staging:
+        built = Path(staging) / builder.config.name
+        builder.download_and_prepare(output_dir=str(built), file_format=file_format,
+                                     download_mode="force_redownload", verification_mode="no_checks")
+        target.mkdir(exist_ok=True)
+        for path in sorted(built.iterdir()):
+            path.replace(target / path.name)  # a rename: the staging folder is on the same filesystem
     return sorted(target.glob(f"*.{file_format}"))

@@ -27,6 +27,12 @@ class FileFormat(str, Enum):
     arrow = "arrow"
 
 
+class Kind(str, Enum):
+    single_turn = "single_turn"
+    tool_use = "tool_use"
+    multi_turn = "multi_turn"
+
+
 @app.command()
 @user_errors
 def envs() -> None:
@@ -39,11 +45,12 @@ def envs() -> None:
 @app.command()
 @user_errors
 def init(name: Annotated[str, typer.Argument(help="env name: a lowercase Python identifier, e.g. count_vowels")],
-         parent: Annotated[Path, typer.Option("--dir", help="folder to create NAME/ in")] = Path(".")) -> None:
-    """Scaffold a working single_turn env (builder, verifier, golden cases, README, test) in DIR/NAME/."""
+         parent: Annotated[Path, typer.Option("--dir", help="folder to create NAME/ in")] = Path("."),
+         kind: Annotated[Kind, typer.Option(help="interaction kind of the example env")] = Kind.single_turn) -> None:
+    """Scaffold a working env of one kind (builder, verifier, golden cases, README, tests) in DIR/NAME/."""
     from hubgym.scaffold import scaffold_env
 
-    folder = scaffold_env(name, parent)
+    folder = scaffold_env(name, parent, kind.value)
     console().print(Text(f"created {folder}/: " + ", ".join(sorted(p.name for p in folder.iterdir())), style="green"))
     console().print(Text(f"next: hubgym check {folder}   then   pytest {folder}"))
 
@@ -67,7 +74,8 @@ def build(env: Annotated[str, typer.Argument(help="env name, versioned id, or pa
 
 @app.command()
 @user_errors
-def check(target: Annotated[str, typer.Argument(help="env name, path to an env folder, or 'all'")],
+def check(target: Annotated[str, typer.Argument(help="env name, path to an env folder (or a folder of env folders), "
+                                                     "or 'all'")],
           config: Annotated[Optional[str], typer.Option(help="check only this config (one env only) "
                                                         "[default: every config]")] = None,
           max_rows: Annotated[int, typer.Option(min=1, help="rows per split to check")] = 200) -> None:
@@ -78,6 +86,8 @@ def check(target: Annotated[str, typer.Argument(help="env name, path to an env f
         if config:
             fail("--config names one env's config; run `hubgym check ENV --config C`, or `hubgym check all` alone")
         names, configs = env_names(), None
+    elif Path(target).is_dir() and not (Path(target) / "builder.py").is_file():  # a folder of env folders
+        names, configs = _env_folders(target, config), None
     else:
         _validate_target(target, config)
         names, configs = [target], None if config in (None, "all") else [config]
@@ -116,6 +126,17 @@ def config_names(builder: type[TaskBuilder], config: str | None) -> list[str]:
         raise EnvContractError(f"env {builder.ENV!r} has no config {config!r}", Where(env=builder.ENV, config=config),
                                f"pass --config with one of: {', '.join(known)} (or 'all')")
     return [config]
+
+
+def _env_folders(folder: str, config: str | None) -> list[str]:
+    from hubgym.conformance.discover import env_folders
+
+    found = [path for path, _ in env_folders(folder)]
+    if not found:
+        fail(f"{folder} holds no env: neither it nor any folder below it has builder.py (hubgym init NAME makes one)")
+    if config:
+        fail(f"--config names one env's config; run `hubgym check ENV_FOLDER --config C` on one of: {', '.join(found)}")
+    return found
 
 
 def _validate_target(target: str, config: str | None) -> None:

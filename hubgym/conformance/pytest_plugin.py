@@ -6,6 +6,7 @@ installed. Nothing heavy is imported until a check runs.
 One test per check, named `hubgym-check[<env>::<check>]` (select them with `-k`):
 
     pytest --hubgym-env ./my_env                      # a folder holding builder.py, verifier.py, golden.jsonl
+    pytest --hubgym-env ./envs                        # a folder of env folders: each one holding builder.py
     pytest --hubgym-env ./my_env --hubgym-config easy --hubgym-max-rows 50
 
 Or a fixture, in your own `test_env.py`:
@@ -33,8 +34,8 @@ _RUNS = pytest.StashKey[list["_EnvRun"]]()
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("hubgym", "hubgym environment conformance")
     group.addoption("--hubgym-env", action="append", default=[], metavar="ENV",
-                    help="run hubgym's conformance checks on ENV (a folder with builder.py, a builder .py file, or a "
-                         "registered env name), one test per check; may be repeated")
+                    help="run hubgym's conformance checks on ENV (a folder with builder.py, a folder of such folders, "
+                         "a builder .py file, or a registered env name), one test per check; may be repeated")
     group.addoption("--hubgym-config", action="append", default=[], metavar="NAME",
                     help="check only this builder config (may be repeated; default: every config)")
     group.addoption("--hubgym-max-rows", type=int, default=200, metavar="N",
@@ -105,16 +106,29 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     from hubgym.conformance.checks import CHECKS
 
     runs = config.stash.setdefault(_RUNS, [])
-    for ref in refs:
+    for ref, label in [env for ref in refs for env in _envs_named(ref)]:
         run = _EnvRun(ref, config.getoption("hubgym_config"), config.getoption("hubgym_max_rows"))
         runs.append(run)
-        names = [f"hubgym-check[{env_label(ref)}::{check.__name__}]" for check in CHECKS]
+        names = [f"hubgym-check[{label}::{check.__name__}]" for check in CHECKS]
         new = [HubgymCheckItem.from_parent(session, name=name, nodeid=name, run=run, check=check.__name__)
                for name, check in zip(names, CHECKS)]
         # report them as collected, so "collected N items" and -k's "M selected" count them
-        session.ihook.pytest_collectreport(report=pytest.CollectReport(f"hubgym-check[{env_label(ref)}]", "passed",
+        session.ihook.pytest_collectreport(report=pytest.CollectReport(f"hubgym-check[{label}]", "passed",
                                                                        None, new))
         items.extend(new)
+
+
+def _envs_named(ref: str) -> list[tuple[str, str]]:
+    """(ref, test-id label) of each env `ref` names: one env, or every env folder below a folder of envs."""
+    if not Path(ref).is_dir() or (Path(ref) / "builder.py").is_file():
+        return [(ref, env_label(ref))]
+    from hubgym.conformance.discover import env_folders
+
+    found = env_folders(ref)
+    if not found:
+        raise pytest.UsageError(f"--hubgym-env {ref}: no folder at or below it holds builder.py; give an env folder, "
+                                f"a folder of env folders, or an env name")
+    return found
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
