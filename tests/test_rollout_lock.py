@@ -117,11 +117,11 @@ def test_an_online_step_being_written_by_another_trainer_is_refused(tmp_path):
 
     producer = OnlineProducer([("arithmetic:tiny", 1.0)], split="train", model="unused", out_dir=tmp_path, n=2,
                               sampling=SamplingArgs(), max_model_len=256)
-    holder = hold(tmp_path, producer.worker(3), run_id=None)
+    holder = hold(tmp_path, "online", run_id=None)
     try:
-        with pytest.raises(RunFolderError, match=f"process {holder.pid}: its part 'step000003'"):
+        with pytest.raises(RunFolderError, match=f"process {holder.pid}: its part 'online'"):
             producer.produce(None, None, 3, 0, 1)  # refused before it reads, samples or deletes anything
     finally:
         kill(holder)
-    with RunLock(tmp_path, producer.worker(3)):  # free again
+    with RunLock(tmp_path, "online"):  # free again
         pass

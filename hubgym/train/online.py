@@ -85,9 +85,9 @@ class OnlineProducer:
 
     def produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
                 groups: int) -> list[dict[str, Any]]:
-        """One step's rows (complete groups) sampled by policy `version`, or read back after a resume. The step's
-        part of OUT is locked from the check for stored rows to the write (another trainer on OUT is refused)."""
-        with RunLock(self.out_dir, self.worker(step)):
+        """One step's rows (complete groups) sampled by policy `version`, or read back after a resume. OUT is
+        locked from the check for stored rows to the write: another trainer writing OUT is refused, not mixed in."""
+        with RunLock(self.out_dir, "online"):
             return self._produce(engine, renderer, step, version, groups)
 
     def _produce(self, engine: Engine, renderer: ChatRenderer, step: int, version: int,
