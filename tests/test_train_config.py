@@ -135,3 +135,13 @@ def test_dr_grpo_leaves_the_std_out_of_the_advantages():
                                           r"of the advantages \(Dr\. GRPO\), but grpo\.advantage=grpo divides by it; "
                                           r"leave grpo\.advantage unset"):
         load_config(None, ["loss.variant=dr_grpo", "grpo.advantage=grpo"])
+
+
+def test_online_rollouts_must_fit_one_micro_batch():
+    base = ["online.steps=2", "online.max_model_len=2048"]
+    assert load_config(None, base + ["batch.micro_batch_tokens=2048"]).batch.micro_batch_tokens == 2048
+    with pytest.raises(ConfigError, match=r"^invalid training config: batch\.micro_batch_tokens=1024 is below "
+                                          r"online\.max_model_len=2048, the length an online rollout can reach.*; set "
+                                          r"batch\.micro_batch_tokens to 2048 or more, or lower online\.max_model_len$"):
+        load_config(None, base + ["batch.micro_batch_tokens=1024"])
+    assert load_config(None, ["online.max_model_len=2048", "batch.micro_batch_tokens=1024"])  # no online steps

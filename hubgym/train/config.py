@@ -172,6 +172,17 @@ class TrainConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _online_rows_fit_a_micro_batch(self) -> TrainConfig:
+        """An online rollout (prompt, every turn and tool output) is up to online.max_model_len tokens, and a
+        sequence is never split across micro-batches: a smaller budget would stop the run at the first long one."""
+        budget, length = self.batch.micro_batch_tokens, self.online.max_model_len
+        if self.online.steps and length is not None and budget < length:
+            raise ValueError(f"batch.micro_batch_tokens={budget} is below online.max_model_len={length}, the length "
+                             f"an online rollout can reach, and a sequence must fit one micro-batch; set "
+                             f"batch.micro_batch_tokens to {length} or more, or lower online.max_model_len")
+        return self
+
+    @model_validator(mode="after")
     def _offline_needs_sources(self) -> TrainConfig:
         """Stored-rollout steps or a stored share of online steps with nothing to read would train on nothing."""
         if not self.offline.sources and (self.offline.steps or self.online.offline_fraction):
