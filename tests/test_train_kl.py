@@ -71,6 +71,36 @@ def test_a_kl_run_on_stored_rollouts_trains_from_a_frozen_reference(tiny_model, 
     assert all(hasattr(p, "ds_id") for p in reference.parameters()) == (zero == 3)  # partitioned under ZeRO-3
 
 
+class Interrupted(Exception):
+    """Stands in for a kill after the checkpoint of step 1."""
+
+
+def test_a_resumed_kl_run_keeps_the_initial_weights_as_its_reference(tiny_model, tmp_path, monkeypatch):
+    rollouts = contrasting_run(tmp_path / "rollouts")
+
+    def settings(out: Path) -> list[str]:
+        return [f"model={tiny_model}", f"output_dir={out}", f"offline.sources=[{rollouts}]", f"offline.steps={STEPS}",
+                "eval.limit=0", "batch.groups_per_step=4", "grpo.n=2", "loss.beta=0.1", "checkpoint_every=2",
+                "log.every=1000"]
+
+    straight, _ = kl_run(settings(tmp_path / "straight"))
+    train = Trainer._train
+
+    def stop_at_step_2(self, step, *args):
+        if step == 2:
+            raise Interrupted
+        return train(self, step, *args)
+
+    monkeypatch.setattr(Trainer, "_train", stop_at_step_2)
+    with pytest.raises(Interrupted):
+        kl_run(settings(tmp_path / "resumed"))
+    monkeypatch.setattr(Trainer, "_train", train)
+    resumed, _ = kl_run(settings(tmp_path / "resumed"))  # a reference loaded from the checkpoint would give kl 0
+    assert [r["step"] for r in resumed] == list(range(STEPS))
+    kl = [r["policy/kl"] for r in resumed]
+    assert kl == pytest.approx([r["policy/kl"] for r in straight], rel=1e-5) and kl[2] > 0.0, kl
+
+
 def test_a_kl_run_on_fresh_rollouts_starts_at_zero(tiny_model, tmp_path):
     """The online path: vLLM samples the policy, the reference scores the same packed micro-batches."""
     steps, _ = kl_run([f"model={tiny_model}", f"output_dir={tmp_path}", "envs=[{name: reverse_text}]",

@@ -102,7 +102,7 @@ class Trainer:
         cfg = self.cfg
         self.policy = Policy(self.model_dir(), deepspeed_settings(cfg))
         self.reference = None
-        if cfg.loss.beta > 0:  # the KL's reference: the initial weights, loaded before any checkpoint is
+        if cfg.loss.beta > 0:  # the KL's reference: the initial weights (the model folder, never a checkpoint)
             from hubgym.train.reference import Reference
 
             self.reference = Reference(self.policy)
