@@ -141,7 +141,8 @@ def test_online_rollouts_must_fit_one_micro_batch():
     base = ["online.steps=2", "online.max_model_len=2048"]
     assert load_config(None, base + ["batch.micro_batch_tokens=2048"]).batch.micro_batch_tokens == 2048
     with pytest.raises(ConfigError, match=r"^invalid training config: batch\.micro_batch_tokens=1024 is below "
-                                          r"online\.max_model_len=2048, the length an online rollout can reach.*; set "
-                                          r"batch\.micro_batch_tokens to 2048 or more, or lower online\.max_model_len$"):
+                                          r"online\.max_model_len=2048, the length an online rollout can reach.*; "
+                                          r"set batch\.micro_batch_tokens to 2048 or more, or lower "
+                                          r"online\.max_model_len$"):
         load_config(None, base + ["batch.micro_batch_tokens=1024"])
     assert load_config(None, ["online.max_model_len=2048", "batch.micro_batch_tokens=1024"])  # no online steps
