@@ -339,7 +339,7 @@ def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     assert result.changed == 6  # every wrong answer now scores 1
     total = result.diff.filter(result.diff["component"] == "*").row(0, named=True)
     assert (total["changed"], total["mean_old"], total["mean_new"]) == (6, 0.5, 1.0)
-    assert set(result.diff["component"]) == {"*", "correct", "formatted", "lenient"}
+    assert set(result.diff["component"]) == {"*", "answer_found", "correct", "formatted", "lenient"}
     written = list(iter_rollouts([tmp_path / "v2"]))
     assert {r["rescore_reward"] for r in written} == {1.0} and {r["reward"] for r in written} == {0.0, 1.0}
     assert all(r["rescore_verifier_module"] and json.dumps(r["info"]) for r in written)

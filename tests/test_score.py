@@ -104,7 +104,7 @@ def test_the_same_verifier_changes_nothing(stored, tmp_path):
     assert sum(rows for rows, _ in seen) == 16 and {total for _, total in seen} == {16}
     assert result.counts.select("env", "rows", "rescored", "carried", "rescore_errors").rows() == [
         ("arithmetic", 8, 8, 0, 0), ("reverse_text", 8, 8, 0, 0)]
-    assert set(result.diff["component"]) == {"*", "correct", "formatted", "reversal", "exact"}
+    assert set(result.diff["component"]) == {"*", "answer_found", "correct", "formatted", "reversal", "exact"}
     original = {r["rollout_id"]: r for r in read_rows(stored)}
     written = read_rows(tmp_path / "same")
     assert sorted(r["rollout_id"] for r in written) == sorted(original)
