@@ -162,6 +162,8 @@ def test_builtin_parsers_record_answer_found_and_change_no_reward(env, no_answer
     for case in (c for c in cases if c.completion is not None):
         score = verifier.score(case.task, case.completion)
         weighted = sum(w * score.components[n] for n, (_, w) in verifier.rewards.items())
-        assert score.reward == pytest.approx(case.reward) == pytest.approx(weighted + score.components.get("tool_calls", 0))
-        assert score.components["answer_found"] == float(bool((verifier.parse_answer(case.task, case.completion) or "").strip()))
+        shaping = score.components.get("tool_calls", 0.0)
+        assert score.reward == pytest.approx(case.reward) == pytest.approx(weighted + shaping)
+        answer = verifier.parse_answer(case.task, case.completion)
+        assert score.components["answer_found"] == float(bool((answer or "").strip()))
     assert {c.components["answer_found"] for c in (verifier.score(c.task, c.completion) for c in cases)} == {0.0, 1.0}
