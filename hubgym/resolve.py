@@ -142,12 +142,14 @@ def hub_verifier(ref: str, *, trust: bool, pin: str | None, hub) -> tuple[str, V
 
     The same steps as `load_env` up to the verifier, so the same pin/trust rules apply.
     """
-    from hubgym.hub.base import get_hub, parse_ref
+    from hubgym.hub.base import get_hub, hub_argument, parse_ref
     from hubgym.hub.manifest import METADATA_FILES, read_manifest
     from hubgym.hub.trust import load_hub_verifier
 
     repo, revision = parse_ref(ref)
-    meta = get_hub(hub).resolve(repo, revision, patterns=METADATA_FILES)
+    backend = get_hub(hub)
+    meta = backend.resolve(repo, revision, patterns=METADATA_FILES)
     pinned = f"{repo}@{meta.revision}"
     manifest = read_manifest(meta.path, pinned)
-    return manifest["env"], load_hub_verifier(meta.path, manifest, pinned, trust=trust, pin=pin), pinned
+    verifier = load_hub_verifier(meta.path, manifest, pinned, trust=trust, pin=pin, hub=hub_argument(backend))
+    return manifest["env"], verifier, pinned

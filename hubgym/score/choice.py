@@ -48,7 +48,8 @@ def load_spec(spec: VerifierSpec) -> Verifier:
     """The verifier of a spec (cached per process); refuses code whose sha256 changed since it was chosen."""
     try:
         verifier = load_verifier(spec.module, env=spec.env)
-    except ModuleNotFoundError:  # a module imported from a file: its generated name exists only where it was
+    except (ModuleNotFoundError, VerifierLoadError):  # a module imported from a file: its generated name exists
+        # only where it was imported (load_verifier says so with either error)
         verifier = load_verifier(spec.path, env=spec.env)
     if verifier.sha256 != spec.sha256:
         raise VerifierLoadError(f"verifier {spec.module} changed while re-scoring (sha256 {verifier.sha256[:12]}, "
