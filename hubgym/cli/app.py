@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable, NoReturn
+from typing import Annotated, Any, Callable, NoReturn
 
 import typer
 from rich.console import Console
@@ -21,6 +21,8 @@ app = typer.Typer(name="hubgym", no_args_is_help=True, add_completion=False, pre
                   help="RL environments for language models as plain data: build, check, push, sample, score, train.")
 
 HUB_HELP = "'hf', a Hub-API URL, or a local hub folder [default: $HUBGYM_HUB, else ~/.cache/hubgym/hub]"
+Verbose = Annotated[bool, typer.Option("--verbose", help="show vLLM's INFO log lines (hidden by default: vLLM logs "
+                                                         "at WARNING unless VLLM_LOGGING_LEVEL says otherwise)")]
 
 
 def console(stderr: bool = False) -> Console:

@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from hubgym.cli.app import app, console, fail, user_errors
+from hubgym.cli.app import Verbose, app, console, fail, user_errors
 
 
 @app.command()
@@ -21,8 +21,12 @@ def demo(out: Annotated[Path, typer.Option(help="where everything the job makes 
          env: Annotated[Optional[list[str]], typer.Option("--env", help="only check these envs (repeatable) "
                                                           "[default: every built-in]")] = None,
          offline_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on the stored rollouts")] = 20,
-         online_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on fresh rollouts")] = 100) -> None:
+         online_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on fresh rollouts")] = 100,
+         verbose: Verbose = False) -> None:
     """The main job: tiny model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
+    from hubgym.rollout.vllm_logging import set_verbose
+
+    set_verbose(verbose)
     from hubgym.pipeline import DemoSettings, run_demo
 
     settings = DemoSettings(out=out, check_envs=env, max_rows=max_rows, offline_steps=offline_steps,

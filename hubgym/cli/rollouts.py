@@ -15,7 +15,7 @@ import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, app, console, user_errors
+from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
 
 
 class EngineKind(str, Enum):
@@ -55,8 +55,12 @@ def rollout(
                                                           "(repeatable)")] = None,
     push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
                                                      "(org/name; the run id is the config)")] = None,
+    verbose: Verbose = False,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
+    from hubgym.rollout.vllm_logging import set_verbose
+
+    set_verbose(verbose)
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
     from hubgym.rollout.tiny_model import default_tiny_model
 

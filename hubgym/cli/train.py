@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, app, console, user_errors
+from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
 
 
 @app.command()
@@ -25,8 +25,12 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
                                                             "(repeatable)")] = None,
           options: Annotated[bool, typer.Option("--options", help="list every option and exit")] = False,
           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
-          trust: Annotated[bool, typer.Option(help="run unpinned verifiers of hub envs")] = False) -> None:
+          trust: Annotated[bool, typer.Option(help="run unpinned verifiers of hub envs")] = False,
+          verbose: Verbose = False) -> None:
     """GRPO on DeepSpeed: stored rollouts first (offline), then fresh vLLM rollouts of the policy (online)."""
+    from hubgym.rollout.vllm_logging import set_verbose
+
+    set_verbose(verbose)
     from hubgym.train.config import describe_options, load_config
 
     if options:

@@ -25,6 +25,7 @@ from typing import Any, Iterator, Protocol
 
 from hubgym.errors import EngineError, RequestError
 from hubgym.rollout.reaper import engine_process_env
+from hubgym.rollout.vllm_logging import apply_vllm_log_level
 from hubgym.schemas.messages import Message, ToolCall
 
 
@@ -120,6 +121,7 @@ class VLLMEngine:
     def __init__(self, model: str, *, max_model_len: int = 1024, seed: int = 0, **engine_args: Any):
         # vLLM's CPU backend otherwise reserves most of the machine's memory for KV cache (GiB; ignored on GPUs).
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+        apply_vllm_log_level()  # before vLLM is imported: its INFO lines stay out of hubgym's output
         import vllm
 
         self.model, self.max_model_len, self.version = model, max_model_len, vllm.__version__
