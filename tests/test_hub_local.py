@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import re
 import threading
+from pathlib import Path
 
 import datasets
 import pytest
 
+import hubgym
 from hubgym.builders.arithmetic import Arithmetic
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierNotTrustedError
 from hubgym.hub import HfHub, LocalHub, get_hub, load_env, parse_ref, push_env
@@ -287,3 +289,19 @@ def test_get_hub_and_parse_ref(tmp_path, monkeypatch):
     assert parse_ref("org/a-b.c@main") == ("org/a-b.c", "main") and parse_ref("org/x") == ("org/x", None)
     with pytest.raises(EnvNotFoundError, match="has an empty revision after '@'"):
         parse_ref("org/x@")
+
+
+def test_the_readme_load_env_example_gives_what_it_says(pushed, monkeypatch):
+    """The README's `load_env` lines, run as written (placeholders filled in), give a Dataset and the Verifier."""
+    hub, result = pushed
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Environments on a hub"):readme.index("## Rollouts on a hub")]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    code = code.replace("my-org/arithmetic@<revision>", result.ref).replace(
+        "<verifier sha256>", result.manifest["verifier"]["sha256"])
+    monkeypatch.setenv("HUBGYM_HUB", str(hub.root))  # the README loads from the default hub
+    scope = {"hubgym": hubgym}
+    exec(code, scope)
+    assert isinstance(scope["env"].tasks, datasets.Dataset) and len(scope["env"].tasks) == 3
+    assert isinstance(scope["env"].verifier, hubgym.Verifier)
+    assert "hub=" in section and "DatasetDict" in section
