@@ -154,6 +154,23 @@ class ManifestError(HubgymError, ValueError):
         super().__init__(message, path=path)
 
 
+class ModelNotFoundError(HubgymError, FileNotFoundError):
+    """A model setting (`--model`, a training config's `model`) names no model folder here and no model on the
+    Hub; `setting` and `model` say which and what was given, the message how to fix it."""
+
+    def __init__(self, message: str, setting: str | None = None, model: str | None = None):
+        self.setting, self.model = setting, model
+        super().__init__(message, setting=setting, model=model)
+
+
+class ContextLengthError(HubgymError, ValueError):
+    """A context length (`--max-model-len`) past the model's own limit (max_position_embeddings): both named."""
+
+    def __init__(self, message: str, asked: int | None = None, limit: int | None = None):
+        self.asked, self.limit = asked, limit
+        super().__init__(message, asked=asked, limit=limit)
+
+
 class SkippedShardsWarning(UserWarning):
     """Bad shards were skipped (`skip_bad=True`): the message counts and names them; the other shards were read."""
 

@@ -327,7 +327,8 @@ def test_a_manifest_that_records_a_shard_it_lacks_names_the_shard(stored, tmp_pa
     gone = shard_paths(run)[1]
     gone.unlink()
     for reader, read in RUN_READERS.items():
-        with pytest.raises(ShardError, match=rf"shard .*{re.escape(gone.name)} is listed in its run's manifest but missing"):
+        with pytest.raises(ShardError, match=rf"shard .*{re.escape(gone.name)} is listed in its run's manifest but "
+                                             r"missing"):
             read(run)
 
 

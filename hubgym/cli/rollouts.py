@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,7 +16,8 @@ import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
+from hubgym.cli.app import HUB_HELP, Verbose, app, console, fail, user_errors
+from hubgym.errors import SkippedShardsWarning
 
 
 class EngineKind(str, Enum):
@@ -43,7 +45,9 @@ def rollout(
     max_tokens: Annotated[int, typer.Option(min=1, help="tokens per turn")] = 128,
     temperature: Annotated[float, typer.Option(min=0.0)] = 1.0,
     seed: Annotated[int, typer.Option()] = 0,
-    max_model_len: Annotated[int, typer.Option(min=16, help="context length")] = 4096,
+    max_model_len: Annotated[Optional[int], typer.Option(min=16, help="context length [default: the model's own "
+                                                                      "(max_position_embeddings in its config.json)]")]
+    = None,
     shard_index: Annotated[int, typer.Option(min=0, help="this worker's index")] = 0,
     num_shards: Annotated[int, typer.Option(min=1, help="number of workers splitting the tasks")] = 1,
     concurrency: Annotated[int, typer.Option(min=1, help="groups sampled at once (bounds a run's memory)")] = 256,
@@ -61,10 +65,17 @@ def rollout(
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
+    from hubgym.models import FALLBACK_CONTEXT, context_length, resolve_model
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
-    from hubgym.rollout.tiny_model import default_tiny_model
 
-    config = RolloutConfig(envs=envs, model=str(default_tiny_model()) if model == "tiny" else model, out=str(out),
+    if engine == EngineKind.openai:  # the model is a name the server knows; its limit is the server's
+        if not base_url:
+            fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: see the README)")
+        max_model_len = max_model_len or FALLBACK_CONTEXT
+    else:
+        model = resolve_model(model, setting="--model")
+        max_model_len = context_length(model, max_model_len, setting="--max-model-len")
+    config = RolloutConfig(envs=envs, model=model, out=str(out),
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
@@ -106,12 +117,18 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
                                                                  "[default: SOURCE/rewards.png]")] = None,
                     k: Annotated[Optional[int], typer.Option("--k", min=1, help="k of pass@k, capped at each env's "
                                                              "smallest group [default: that group's size]")] = None,
+                    skip_bad: Annotated[bool, typer.Option(help="leave out shards that fail their checks (each is "
+                                                                "named) instead of stopping at the first")] = False,
                     ) -> None:
     """Summarize stored rollouts per env (rewards, pass@1, pass@k, answer-format and tool-call parse failures,
     turns, truncation, errors) + a PNG of reward counts, rates and components."""
     from hubgym.rollout import plot_rewards, scan_rollouts, summarize
 
-    rollouts = scan_rollouts(sources)
+    with warnings.catch_warnings(record=True) as skipped:  # each shard is checked as iter_rollouts checks it
+        warnings.simplefilter("always", SkippedShardsWarning)
+        rollouts = scan_rollouts(sources, skip_bad=skip_bad)
+    for warning in (w for w in skipped if issubclass(w.category, SkippedShardsWarning)):
+        console(stderr=True).print(Text(f"note: {warning.message}", style="yellow"))
     console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
     console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"))

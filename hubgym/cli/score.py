@@ -71,8 +71,9 @@ def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard 
 def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard files or hub refs org/name@REV:RUN "
                                                       "(@REV and :RUN optional)")],
            rollout: Annotated[Optional[str], typer.Option(help="only this rollout id")] = None,
-           model: Annotated[Optional[Path], typer.Option(help="model folder whose chat template the token audit "
-                                                         "re-applies [default: no token audit]")] = None,
+           model: Annotated[Optional[str], typer.Option(help="model folder whose chat template the token audit "
+                                                        "re-applies; 'tiny': the tiny local model, as for `hubgym "
+                                                        "rollout` [default: no token audit]")] = None,
            verifier: Annotated[Optional[list[str]], typer.Option(
                help="[ENV=]MODULE: a verifier module (.py file or import name) for the rows of ENV (repeatable) "
                     "\\[default: each env's registered verifier]")] = None,
@@ -86,11 +87,13 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
     """Re-run multi_turn dynamics from stored actions and audit tokens; exit code 1 if anything diverged."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from hubgym.models import resolve_model
     from hubgym.score.choice import VerifierChoice
     from hubgym.score.replay import ReplayReport, as_renderer, iter_replay, rows_of
 
     choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
-    renderer = as_renderer(model) if model else None
+    tokenizer = ("tokenizer_config.json", "config.json")  # the audit needs the tokenizer and its chat template
+    renderer = as_renderer(resolve_model(model, setting="--model", needs=tokenizer)) if model else None
     report = ReplayReport()
     with Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"), TimeElapsedColumn(),
                   console=console(stderr=True)) as progress:
@@ -100,6 +103,10 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
             progress.advance(task)
     for table in views.replay_tables(report):
         console().print(table)
+    if renderer is None:
+        console().print(Text("token audit skipped: give --model MODEL_DIR (the model that sampled the rows; 'tiny' "
+                              "for the tiny local model) to re-apply its chat template and compare the stored tokens",
+                              style="yellow"))
     changed = sum(r.verifier_changed for r in report.diverged)
     if changed:
         console().print(Text(f"{changed} diverged row(s) were made by another version of their verifier (sha256 "

@@ -31,6 +31,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
+    from hubgym.models import resolve_model
     from hubgym.train.config import describe_options, load_config
 
     if options:
@@ -42,6 +43,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     from hubgym.train.trainer import Trainer
 
     cfg = load_config(config, set_ or [])
+    resolve_model(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
     trainer = Trainer(cfg, console=console(), hub=hub, trust=trust)
     try:
         result = trainer.run()

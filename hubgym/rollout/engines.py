@@ -118,7 +118,11 @@ class VLLMEngine:
 
     name, token_in = "vllm", True
 
-    def __init__(self, model: str, *, max_model_len: int = 1024, seed: int = 0, **engine_args: Any):
+    def __init__(self, model: str, *, max_model_len: int | None = 1024, seed: int = 0, **engine_args: Any):
+        from hubgym.models import context_length
+
+        # None: the model's own limit; one past it is refused here, not deep inside vLLM's config validation.
+        max_model_len = context_length(model, max_model_len)
         # vLLM's CPU backend otherwise reserves most of the machine's memory for KV cache (GiB; ignored on GPUs).
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         apply_vllm_log_level()  # before vLLM is imported: its INFO lines stay out of hubgym's output

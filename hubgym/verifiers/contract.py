@@ -240,9 +240,22 @@ def load_verifier(ref: str | ModuleType, *, relative_to: Path | None = None, env
     if ref.endswith(".py"):
         path = (relative_to / ref) if relative_to and not Path(ref).is_absolute() else Path(ref)
         path = Path(os.path.abspath(path))  # absolute, without resolving links (see above)
-        source = path.read_bytes() if source is None else source
+        try:
+            source = path.read_bytes() if source is None else source
+        except OSError as exc:  # a path from the command line: missing, a folder, unreadable
+            raise VerifierLoadError(f"verifier {ref} cannot be read ({type(exc).__name__}: {exc.strerror or exc})",
+                                    Where(env=env, field=ref), _LOAD_FIX) from None
         return Verifier(_import_source(path, source), env, source=source)
-    return Verifier(importlib.import_module(ref), env)
+    try:
+        module = importlib.import_module(ref)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (ref == exc.name or ref.startswith(exc.name + ".")):
+            raise  # the module exists, and one of its own imports is missing
+        raise VerifierLoadError(f"no module named {ref!r}", Where(env=env, field=ref), _LOAD_FIX) from None
+    return Verifier(module, env)
+
+
+_LOAD_FIX = "give the path of a verifier .py file, or the import name of an installed verifier module"
 
 
 def _import_source(path: Path, source: bytes) -> ModuleType:

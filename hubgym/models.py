@@ -1,0 +1,99 @@
+"""Model references as commands and engines take them: 'tiny', a local model folder, or a Hub model id.
+
+    resolve_model("tiny", setting="--model")     # the tiny local model's folder (written once, then reused)
+    resolve_model("runs/m", setting="--model")   # "runs/m" if it holds config.json; else ModelNotFoundError
+    context_length("runs/m", None)               # the model's own limit: max_position_embeddings in config.json
+    context_length("runs/m", 8192)               # 8192, or ContextLengthError naming both numbers if it has fewer
+
+A name that is no folder here and looks like `org/name` is looked up on the Hub (its config.json only), so
+a typo fails at once with one line instead of inside transformers or vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from pathlib import Path
+
+from hubgym.errors import ContextLengthError, ModelNotFoundError
+
+TINY = "tiny"
+FALLBACK_CONTEXT = 4096  # when the model's config.json cannot be read (a Hub model not fetched here)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def resolve_model(model: str, *, setting: str = "--model", needs: tuple[str, ...] = ("config.json",)) -> str:
+    """The folder (or Hub id) of `model`, checked: a folder must hold one of the files `needs` (a tokenizer
+    alone does for a token audit); `setting` is how messages name where the model was given."""
+    if model == TINY:
+        from hubgym.rollout.tiny_model import default_tiny_model
+
+        return str(default_tiny_model())
+    fix = (f"give {setting} a model folder (config.json, weights and tokenizer, as save_pretrained writes them), "
+           f"'tiny' for the tiny local model, or a Hub model id org/name")
+    path = Path(model).expanduser()
+    if path.is_dir() and any((path / name).is_file() for name in needs):
+        return str(path)
+    if path.exists():
+        what = f"holds no {' or '.join(needs)}" if path.is_dir() else "is a file"
+        raise ModelNotFoundError(f"{setting} {model}: the path {what}, so it is no model folder; {fix}",
+                                 setting=setting, model=model)
+    if _HUB_ID.fullmatch(model) and not Path(model.split("/")[0]).is_dir():  # runs/m with runs/ here: a path
+        problem = _hub_problem(model, needs)
+        if problem is None:
+            return model
+        raise ModelNotFoundError(f"{setting} {model}: no such folder here, and {problem}; {fix}",
+                                 setting=setting, model=model)
+    raise ModelNotFoundError(f"{setting} {model}: no such folder; {fix}", setting=setting, model=model)
+
+
+def _hub_problem(repo: str, needs: tuple[str, ...]) -> str | None:
+    """None if the Hub (or its cache, offline) has the model's first file of `needs`; else why not, in a few words."""
+    from huggingface_hub import hf_hub_download
+
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.ERROR)  # its retry notices would bury the one line this ends in
+    try:
+        hf_hub_download(repo, needs[0])
+    except Exception as exc:  # offline, not found, gated, the network: each is a reason this model cannot load
+        return f"no Hub model {repo} could be read ({type(exc).__name__})"
+    finally:
+        logger.setLevel(level)
+    return None
+
+
+def model_positions(model: str) -> int | None:
+    """max_position_embeddings from the model's config.json (a folder, or a Hub id's cached file); None if unknown."""
+    config = Path(model) / "config.json"
+    if not config.is_file():
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model, "config.json") if _HUB_ID.fullmatch(model) else None
+        if not isinstance(cached, str):
+            return None
+        config = Path(cached)
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config") if isinstance(data.get("text_config"), dict) else {}
+    value = data.get("max_position_embeddings", text.get("max_position_embeddings"))
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def context_length(model: str, asked: int | None, *, setting: str = "max_model_len") -> int:
+    """The context length to run `model` with: `asked`, or the model's own limit when None (FALLBACK_CONTEXT
+    if its config cannot be read). An `asked` past the model's limit is refused here, with one line, instead
+    of inside vLLM's config validation."""
+    own = model_positions(model)
+    if asked is None:
+        return own or FALLBACK_CONTEXT
+    if own is not None and asked > own:
+        raise ContextLengthError(f"{setting} {asked} is more than the {own} positions of the model {model} "
+                                 f"(max_position_embeddings in its config.json); leave {setting} out to use {own}, "
+                                 f"or give at most {own}", asked=asked, limit=own)
+    return asked
