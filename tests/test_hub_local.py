@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -305,3 +306,19 @@ def test_the_readme_load_env_example_gives_what_it_says(pushed, monkeypatch):
     assert isinstance(scope["env"].tasks, datasets.Dataset) and len(scope["env"].tasks) == 3
     assert isinstance(scope["env"].verifier, hubgym.Verifier)
     assert "hub=" in section and "DatasetDict" in section
+
+
+def test_a_verifier_reached_through_a_link_keeps_its_py_name_and_runs_the_bytes_hashed(tmp_path):
+    """The Hugging Face cache layout: snapshots/<commit>/verifier.py -> ../../blobs/<sha>. The module is the
+    .py file, and what runs is the bytes the caller read and hashed, not what the file holds a moment later."""
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "blobs" / "5ec6f1").write_text("def one(task, completion):\n    return 1.0\n\n\nREWARDS = {one: 1.0}\n")
+    link = tmp_path / "snapshots" / "c0ffee" / "verifier.py"
+    link.parent.mkdir(parents=True)
+    link.symlink_to("../../blobs/5ec6f1")
+    verifier = load_verifier(str(link))
+    assert verifier.source_path == link and list(verifier.rewards) == ["one"]
+    checked = b"def two(task, completion):\n    return 0.0\n\n\nREWARDS = {two: 1.0}\n"
+    pinned = load_verifier(str(link), source=checked)  # the file now differs from the bytes that were checked
+    assert list(pinned.rewards) == ["two"] and pinned.sha256 == hashlib.sha256(checked).hexdigest()
+    assert pinned.module is not verifier.module  # same path, other bytes: another module

@@ -277,3 +277,23 @@ def test_parse_ref_refuses_a_bad_revision_before_any_request():
     with pytest.raises(EnvNotFoundError, match=r"'\.\./x' is not a revision: '\.\.', '@\{' and a lone '@' are not"):
         parse_ref("org/a@../x")
     assert parse_ref("org/a@refs/pr/1") == ("org/a", "refs/pr/1")
+
+
+@FUZZ
+@given(names)
+@examples("../../../secret", "/etc/passwd", "shards/../../x", "a\x00b")
+def test_stream_urls_of_stored_paths_stay_in_the_repo(local, path):
+    """Rollout readers ask for `<run>/shards/<file>` with `file` read from a stored index.json: data, not code."""
+    hub, _, _ = local
+    snapshot = hub.resolve("org/r")
+    try:
+        [url], _ = hub.stream_urls(snapshot, [path])
+    except EnvContractError as exc:
+        assert shown(path) in str(exc) or "leads outside its repo folder" in str(exc)
+        return
+    assert snapshot.path.resolve() in Path(url).resolve().parents
+    try:
+        [remote], _ = HfHub(endpoint="http://127.0.0.1:9").stream_urls(snapshot, [path])
+    except EnvContractError:
+        raise AssertionError(f"{path!r}: the backends disagree")
+    assert remote.endswith("/" + path) and ".." not in remote.split("/")
