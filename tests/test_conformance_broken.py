@@ -86,6 +86,12 @@ BROKEN = {
         "check_reset_step_deterministic: running golden case 'binary search finds it' again gave different states "
         "at step 1 ({'guesses': 1} on a freshly imported verifier, then {'guesses': 1, 'tired': True} after 75 other "
         f"steps); {HIDDEN_STATE} [env='hidden_step_counter' field='GOLDEN']. {SEEDED_FIX}"),
+    "step_mutates_state": (
+        "check_reset_step_deterministic: step 1 of golden case 'binary search finds it' changed the state it was "
+        "given ({'guesses': 0} became {'guesses': 1}); the samples of a group all start from the one state reset "
+        "returned, so one sample's step would change the others' episodes [env='step_mutates_state' "
+        "field='GOLDEN']. Fix: return a new state from step (e.g. {**state, 'guesses': state['guesses'] + 1}); "
+        "never change the one it receives"),
     "tool_use_without_tools": (
         "check_interaction: the row is tool_use but offers no tools [env='tool_use_without_tools' config='default' "
         "split='train' row='{id}' field='interaction.tools']. Fix: list its tools in hubgym.interaction('tool_use', "

@@ -4,11 +4,13 @@ Hidden state is what they look for: anything reset or step keep outside the `sta
 (a module-level counter, a cache that changes its answers, an unseeded generator, the clock).
 The episodes are first run on a freshly imported copy of the verifier module, then run again
 until at least STEP_CALLS more steps were taken, and every run must match the first; so state
-that changes only after a few calls shows, and a stored rollout replays the same anywhere.
+that changes only after a few calls shows, and a stored rollout replays the same anywhere. A step
+must also leave the state it is given as it was: the samples of a group share reset's state.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import math
@@ -108,10 +110,17 @@ def _trace(verifier: Verifier, task: Task, actions: list[str], label: str, where
                                    "(state, observation)", f"reset for {label}", where)
     trace = [{"observation": observation, "reward": 0.0, "done": False, "state": state}]
     for i, action in enumerate(actions, start=1):
+        given, unchanged = state, copy.deepcopy(state)
         state, observation, reward, done = _returned(
             guarded(lambda: verifier.step(task, state, action), where, f"step {i} of {label}"),
             "(state, observation, reward, done)", f"step {i} of {label}", where)
-        trace.append({"observation": observation, "reward": reward, "done": bool(done), "state": state})
+        if given != unchanged:
+            fail(f"step {i} of {label} changed the state it was given ({short(unchanged)} became {short(given)}); the "
+                 f"samples of a group all start from the one state reset returned, so one sample's step would change "
+                 f"the others' episodes", where,
+                 "return a new state from step (e.g. {**state, 'guesses': state['guesses'] + 1}); never change the "
+                 "one it receives")
+        trace.append({"observation": observation, "reward": reward, "done": bool(done), "state": copy.deepcopy(state)})
         if done:
             break
     for i, step in enumerate(trace):
