@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from hubgym.errors import EnvContractError, EnvNotFoundError, HubgymError
 from hubgym.hub import HfHub, LocalHub, load_env, parse_ref, push_env, push_rollouts
-from hubgym.hub.base import MAX_NAME, check_name, check_repo_id, check_repo_path, check_revision, shown
+from hubgym.hub.names import MAX_NAME, check_name, check_repo_id, check_repo_path, check_revision, shown
 from hubgym.hub.rollout_reader import parse_rollout_ref
 
 from hub_server import TOKEN

@@ -29,9 +29,9 @@ from huggingface_hub.hf_api import RepoFile
 
 from hubgym.errors import HubAuthError, HubConnectionError
 from hubgym.hub.base import (
-    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, check_repo_path, check_revision,
-    expand_revision, is_short_commit, not_found,
+    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, expand_revision, is_short_commit, not_found,
 )
+from hubgym.hub.names import check_repo_id, check_repo_path, check_revision
 
 T = TypeVar("T")
 REPO_TYPE = "dataset"

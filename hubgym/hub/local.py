@@ -32,10 +32,8 @@ from typing import Iterator, Mapping
 
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import atomic_write_bytes as _atomic_write
-from hubgym.hub.base import (
-    GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, check_repo_id, check_repo_path, check_revision,
-    expand_revision, not_found,
-)
+from hubgym.hub.base import GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, expand_revision, not_found
+from hubgym.hub.names import check_repo_id, check_repo_path, check_revision
 
 _FULL_ID = re.compile(r"[0-9a-f]{40}")
 INITIAL_GITATTRIBUTES = b"*.parquet filter=lfs diff=lfs merge=lfs -text\n*.arrow filter=lfs diff=lfs merge=lfs -text\n"

@@ -26,11 +26,12 @@ from hubgym import __version__
 from hubgym.builders.base import TaskBuilder
 from hubgym.builders.registry import resolve_env
 from hubgym.errors import EnvContractError, Where
-from hubgym.hub.base import FileSource, HubBackend, check_name, check_repo_id, get_hub, hub_argument
+from hubgym.hub.base import FileSource, HubBackend, get_hub, hub_argument
 from hubgym.hub.card import render_card
 from hubgym.hub.manifest import (
     CARD_FILE, FORMAT, GOLDEN_FILE, MANIFEST_FILE, VERIFIER_FILE, data_path, dumps,
 )
+from hubgym.hub.names import check_name, check_repo_id
 from hubgym.hub.trust import pin_hints
 from hubgym.schemas.version import SCHEMA_VERSION
 
