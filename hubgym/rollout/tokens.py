@@ -17,6 +17,7 @@ the template renders) say different things.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -134,28 +135,101 @@ class TokenAudit:
 
 
 def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] | None = None) -> TokenAudit:
-    """Check that the stored ids, decoded, read as the chat template's rendering of the stored messages.
+    """Check that the stored ids say what the stored messages say. Two parts:
 
-    Compared as text, not ids: the model may sample a spelling the tokenizer would not produce (that is not
-    an error), but every token it sampled must show in the messages (a special token dropped from a reply's
-    text fails here). The stored ids may stop before the rendering ends (a reply cut short, an episode that
-    ended with an observation). `tools`: the tool schemas the loop rendered; by default made from the row's
-    tool names, as the loop made them. The first stored token whose text leaves the rendering is reported.
+    1. The stored ids, decoded, read as the chat template's rendering of the messages, each assistant turn
+       rendered as the text its sampled tokens spell (so a tool call keeps the spelling the model sampled,
+       not the template's canonical one). Compared as text, not ids: the model may sample a spelling the
+       tokenizer would not produce (that is not an error). The ids may stop before the rendering ends (a
+       reply cut short, an episode that ended with an observation).
+    2. Each assistant message is what the loop makes of that text: the text itself, or, when tools are
+       offered, its free text and tool calls as `parse_tool_calls` reads them. A special token sampled
+       inside a reply and left out of its text fails here.
+
+    An incomplete character at the end of a reply (the engine's detokenizer holds such bytes back) is no
+    difference. `tools`: the tool schemas the loop rendered; by default made from the row's tool names, as
+    the loop made them. The first stored token that does not match is reported.
     """
     ids = list(row["prompt_ids"]) + list(row["completion_ids"])
     if not ids:
         return TokenAudit(0)
-    messages = list(row["prompt"]) + list(row["completion"])
     tools = tools if tools is not None else _tools(row)
+    runs = _sampled_runs(row)
+    replies = [_decode(renderer, _reply_ids(ids[a:b], renderer)) for a, b in runs]
+    messages, turns = list(row["prompt"]) + list(row["completion"]), _assistant_turns(row)
+    if len(turns) == len(runs):  # one run of sampled tokens per assistant turn: render each as sampled
+        for i, text in zip(turns, replies):
+            messages[i] = {**messages[i], "content": text, "tool_calls": None}
     # The record ends with a generation prompt exactly when the last message is not the model's.
     rendered = renderer.render(messages, tools, add_generation_prompt=messages[-1]["role"] != "assistant")
-    stored = _decode(renderer, ids)
+    stored = _decode_pieces(ids, runs, replies, renderer)
     at = _common_prefix(stored, rendered)
-    if at == len(stored):
-        return TokenAudit(len(ids))
-    index = _first_token_past(renderer, ids, at)
-    turn, part = _turn_of(row, index)
-    return TokenAudit(len(ids), index, turn, part, _around(stored, at), _around(rendered, at))
+    if at < len(stored):
+        index = _first_token_past(renderer, ids, at)
+        turn, part = _turn_of(row, index)
+        return TokenAudit(len(ids), index, turn, part, _around(stored, at), _around(rendered, at))
+    for turn, ((start, end), text, i) in enumerate(zip(runs, replies, turns), 1):
+        message = row["completion"][i - len(row["prompt"])]
+        if not _loop_reading(text, bool(row["interaction"]["tools"]), message):
+            shown = (message["content"] or "") + "".join(f"<tool_call>{_call_key(c)}" for c in
+                                                         message.get("tool_calls") or [])
+            at = _common_prefix(text, shown)
+            index = start + _first_token_past(renderer, ids[start:end], at)
+            return TokenAudit(len(ids), index, turn, "model", _around(text, at), _around(shown, at))
+    return TokenAudit(len(ids))
+
+
+def _sampled_runs(row: dict[str, Any]) -> list[tuple[int, int]]:
+    """[start, end) of each run of sampled tokens (mask 1), as indices into prompt_ids + completion_ids."""
+    runs, offset, mask = [], len(row["prompt_ids"]), list(row["completion_mask"])
+    for j, m in enumerate(mask):
+        if m == 1 and (j == 0 or mask[j - 1] == 0):
+            runs.append([offset + j, offset + j + 1])
+        elif m == 1:
+            runs[-1][1] = offset + j + 1
+    return [(a, b) for a, b in runs]
+
+
+def _assistant_turns(row: dict[str, Any]) -> list[int]:
+    """Indices of the assistant messages in prompt + completion."""
+    return [len(row["prompt"]) + i for i, m in enumerate(row["completion"]) if m["role"] == "assistant"]
+
+
+def _reply_ids(ids: list[int], renderer: ChatRenderer) -> list[int]:
+    """A turn's sampled ids without the end-of-turn token it stopped on (not part of the reply's text)."""
+    eos = renderer.tokenizer.eos_token_id
+    return ids[:-1] if ids and ids[-1] == eos else ids
+
+
+def _decode_pieces(ids: list[int], runs: list[tuple[int, int]], replies: list[str], renderer: ChatRenderer) -> str:
+    """The stored ids decoded piece by piece, each reply as its text (without an incomplete last character)."""
+    pieces, at = [], 0
+    for (start, end), text in zip(runs, replies):
+        kept = len(_reply_ids(ids[start:end], renderer))
+        pieces += [_decode(renderer, ids[at:start]), text, _decode(renderer, ids[start + kept:end])]
+        at = end
+    return "".join(pieces) + _decode(renderer, ids[at:])
+
+
+def _loop_reading(text: str, tools_offered: bool, message: Message) -> bool:
+    """Whether `message` is what the loop makes of a reply that reads `text`."""
+    if not tools_offered:
+        return (message["content"] or "") == text and not message.get("tool_calls")
+    from hubgym.rollout.parsing import parse_tool_calls
+
+    parsed = parse_tool_calls(text, "call")
+    content = parsed.content if parsed.calls else text
+    calls = [_call_key(c) for c in parsed.calls] == [_call_key(c) for c in message.get("tool_calls") or []]
+    return calls and (message["content"] or "").strip() == content.strip()
+
+
+def _call_key(call: dict[str, Any]) -> str:
+    """A tool call's name and arguments, the arguments as parsed JSON where they are JSON (spelling aside)."""
+    try:
+        arguments = json.dumps(json.loads(call["arguments"]), sort_keys=True)
+    except (TypeError, ValueError):
+        arguments = call["arguments"]
+    return f"{call['name']}({arguments})"
 
 
 def _tools(row: dict[str, Any]) -> list[dict] | None:
