@@ -41,7 +41,8 @@ def examples(*values):
     return apply
 
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = settings(max_examples=300, deadline=None, database=None,  # no example database in the working tree
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def refused_clearly(error: HubgymError, value: str, rule_start: str) -> None:
@@ -253,7 +254,7 @@ def test_hostile_names_never_reach_a_push(tmp_path):
 # -- over HTTP: hostile revisions are refused or answered "not found" by the server ------------------
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(FUZZ, max_examples=40)
 @given(names)
 @examples("../../../../../tmp/x", "%2e%2e%2f%2e%2e", "refs/pr/1", "\u00e9t\u00e9")
 def test_hostile_revisions_over_http_write_nothing_outside_the_cache(hub_client, tmp_path, monkeypatch, revision):
