@@ -16,6 +16,7 @@ from hubgym.builders.arithmetic import Arithmetic
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierNotTrustedError
 from hubgym.hub import HfHub, LocalHub, get_hub, load_env, parse_ref, push_env
 from hubgym.hub import local as local_module
+from hubgym.score.choice import VerifierChoice
 from hubgym.verifiers import load_verifier
 
 SMALL = {"sizes": {"train": 6, "test": 3}}
@@ -322,3 +323,4 @@ def test_a_verifier_reached_through_a_link_keeps_its_py_name_and_runs_the_bytes_
     pinned = load_verifier(str(link), source=checked)  # the file now differs from the bytes that were checked
     assert list(pinned.rewards) == ["two"] and pinned.sha256 == hashlib.sha256(checked).hexdigest()
     assert pinned.module is not verifier.module  # same path, other bytes: another module
+    assert VerifierChoice(str(link)).spec("e").sha256 == verifier.sha256  # `hubgym score --verifier LINK.py`

@@ -153,5 +153,6 @@ def parse_pins(pin: PinArg, revisions: Sequence[str]) -> dict[str, str]:
 
 
 def _load_module(ref: str, env: str) -> Verifier:
-    """A module name, or a .py path made absolute (worker processes may resolve paths elsewhere)."""
-    return load_verifier(str(Path(ref).resolve()) if ref.endswith(".py") else ref, env=env)
+    """A module name, or a .py path made absolute (worker processes may resolve paths elsewhere); links are kept,
+    so a path that links to a file without the .py name still imports."""
+    return load_verifier(str(Path(ref).absolute()) if ref.endswith(".py") else ref, env=env)
