@@ -7,8 +7,6 @@ hubgym stored before) makes rows whose text and ids disagree, and exactly those 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from transformers import AutoTokenizer
 

@@ -44,8 +44,9 @@ def reaper_token() -> str:
     pid = os.getpid()
     if pid not in _started:
         token = uuid.uuid4().hex
-        subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), str(pid), token], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        subprocess.Popen([sys.executable, "-I", str(Path(__file__).resolve()), str(pid), token],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True, close_fds=True)
         _started[pid] = token
     return _started[pid]
 

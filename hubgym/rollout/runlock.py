@@ -8,8 +8,9 @@ The lock is `fcntl.flock` on `RUN/.lock-<part>`, held while the file stays open:
 process ends in any way (SIGKILL included), so a killed run never leaves a stale lock behind and the same
 command resumes at once. The file holds the holder's pid, for the message. A part is what one process writes:
 a rollout worker (`w000of002`; the N workers of one run lock their own parts and share the folder) or a
-trainer's online phase (`online`, held while a step is checked, sampled and written). A second lock on a held part fails in the same process too (flock locks belong to the open
-file), so one process never has two writers of one part either.
+trainer's online phase (`online`, held while a step is checked, sampled and written). A second lock on a
+held part fails in the same process too (flock locks belong to the open file), so one process never has two
+writers of one part either.
 
 The run id is claimed in `RUN/.run-id` under a short lock on `RUN/.lock`, so two runs starting at the same
 moment check and claim one after the other; a folder whose manifests name another run is refused as well.

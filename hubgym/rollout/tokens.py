@@ -11,7 +11,8 @@ What "consistent" means is one function, `audit_tokens`: the stored ids, decoded
 template's rendering of the stored messages. The rollout writer applies it to every row as the row is
 made (`tokens_consistent`), and `hubgym replay` applies it again to stored rows, so the two always agree.
 A row that fails it is not trained on: its token record and its messages (what the verifier scored, what
-the template renders) say different things.
+the template renders) say different things. One thing a row cannot show is flagged by the loop alone: a
+turn whose logprobs the engine did not return (stored as 0.0).
 """
 
 from __future__ import annotations
