@@ -200,7 +200,7 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
 
     async def by_time() -> None:  # groups finished while no other group finishes still reach disk in time
         while True:
-            await asyncio.sleep(writer.flush_every_s / 4)
+            await asyncio.sleep(max(writer.flush_every_s / 4, 0.05))  # flush_every_s=0: every group, no busy loop
             await store_due()
 
     stored = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)) - len(todo)
