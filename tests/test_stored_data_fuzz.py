@@ -36,6 +36,7 @@ from hubgym.rollout.report import scan_rollouts, summarize
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.score.sources import open_source
+from hubgym.train.sources import LocalShards
 
 ROWS_PER_SHARD = 4
 RUN = "r1"
@@ -236,6 +237,7 @@ SHARD_READERS: dict[str, Callable[[Path], Any]] = {
     "open_rollouts": lambda run: list(open_rollouts(run)),
     "report (scan_rollouts)": lambda run: summarize(scan_rollouts([run])),
     "score (open_source)": lambda run: list(open_source(str(run)).batches),
+    "train (LocalShards)": lambda run: list(LocalShards(run)),
     "push_rollouts": lambda run: push_rollouts(run, "org/other", hub=LocalHub(run.parent / "hub2")),
 }
 
@@ -284,6 +286,7 @@ def test_every_shard_bad_is_one_error_for_the_report(stored, tmp_path):
 
 RUN_READERS: dict[str, Callable[[Path], Any]] = {
     "iter_rollouts": lambda run: list(iter_rollouts(run)),
+    "train (LocalShards)": lambda run: list(LocalShards(run)),
     "report (scan_rollouts)": lambda run: summarize(scan_rollouts([run])),
     "score (open_source)": lambda run: list(open_source(str(run)).batches),
 }

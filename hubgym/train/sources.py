@@ -17,6 +17,8 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from hubgym.errors import NoShardsError
+from hubgym.hub.rollout_reader import local_shard_sources
+from hubgym.hub.shards import load_shard
 from hubgym.schemas.tasks import parse_json
 
 # What grouping, packing and the per-env training metrics read; the messages stay on disk.
@@ -46,7 +48,10 @@ class LocalShards:
     """An iterator of rollout row dicts over local shards; `columns=None` reads every column."""
 
     def __init__(self, paths: Sequence[str | Path] | str | Path, columns: Sequence[str] | None = TRAIN_COLUMNS):
-        self.files = shard_files(paths)
+        # Each shard is read as every reader of stored shards reads it (load_shard: recorded sha256, structure,
+        # schema, rows), and one its run's manifest lists but the folder lacks is named, not quietly left out.
+        self._sources = local_shard_sources([paths] if isinstance(paths, (str, Path)) else list(paths))
+        self.files = [Path(s.location) for s in self._sources]
         self.columns = list(columns) if columns is not None else None
         self._file = -1  # index of the open file
         self._reader: pa.ipc.RecordBatchFileReader | None = None
@@ -93,7 +98,7 @@ class LocalShards:
             if self._file >= len(self.files):
                 self._reader = None
                 return None
-            self._reader, self._batch = pa.ipc.open_file(pa.memory_map(str(self.files[self._file]))), 0
+            self._reader, self._batch = load_shard(self._sources[self._file]).reader, 0
         batch = self._reader.get_batch(self._batch)
         self._batch += 1
         return batch
