@@ -53,6 +53,8 @@ def world(tmp_path_factory) -> Path:
             recorded=False)
     damaged("bad-manifest", lambda r: (r / "manifest-w000of001.json").write_bytes(b"{\"run_id\": \"r1\", "))
     (root / "no-shards").mkdir()
+    (root / "bad-out").mkdir()  # a score --out folder whose earlier manifest was damaged
+    (root / "bad-out" / "manifest-w000of001.json").write_bytes(b'{"kind": ')
     model = root / "model-2048"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "max_position_embeddings": 2048}))
@@ -85,6 +87,8 @@ CASES = [
      "w000of001-00000.arrow is truncated or corrupted"),
     ("score-no-such-verifier", ["score", f"{W}/good", "--verifier", f"arithmetic={W}/no_such_verifier.py"],
      "verifier {world}/no_such_verifier.py cannot be read (FileNotFoundError"),
+    ("score-out-bad-manifest", ["score", f"{W}/good", "--out", f"{W}/bad-out", "--workers", "1"],
+     "bad-out/manifest-w000of001.json is not valid JSON"),
     ("score-no-such-verifier-module", ["score", f"{W}/good", "--verifier", "arithmetic=no_such_verifier_module"],
      "no module named 'no_such_verifier_module'"),
     ("rollout-no-such-env", ["rollout", "no_such_env", "--model", f"{W}/model-2048"], "no_such_env"),

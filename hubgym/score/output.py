@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from hubgym.errors import RescoreError
 from hubgym.fileio import atomic_write_bytes
+from hubgym.hub.manifest import read_run_manifest
 from hubgym.rollout.writer import worker_name
 from hubgym.schemas.version import SCHEMA_VERSION
 
@@ -78,7 +79,7 @@ def _clear_previous(out: Path) -> None:
     """Remove a previous re-score's files from OUT; refuse a folder that holds anything else's run."""
     manifests = sorted(out.glob("manifest-*.json"))
     for manifest in manifests:
-        if json.loads(manifest.read_text()).get("kind") != "rescore":
+        if read_run_manifest(manifest).get("kind") != "rescore":  # a damaged one is ManifestError naming it
             raise RescoreError(f"{out} holds a rollout run ({manifest.name}); re-scored shards go to a folder of "
                                f"their own: choose another --out")
     for stale in [*out.glob(f"shards/{WORKER}-*.arrow"), *manifests]:
