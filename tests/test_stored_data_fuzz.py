@@ -235,6 +235,7 @@ SHARD_DAMAGE: dict[str, tuple[Callable[[Path], None], bool]] = {
 SHARD_READERS: dict[str, Callable[[Path], Any]] = {
     "iter_rollouts": lambda run: list(iter_rollouts(run)),
     "open_rollouts": lambda run: list(open_rollouts(run)),
+    "open_rollouts (a Dataset)": lambda run: len(open_rollouts(run, streaming=False, cache_dir=run.parent / "ds")),
     "report (scan_rollouts)": lambda run: summarize(scan_rollouts([run])),
     "score (open_source)": lambda run: list(open_source(str(run)).batches),
     "train (LocalShards)": lambda run: list(LocalShards(run)),

@@ -24,8 +24,9 @@ from typing import Any, Iterator, Sequence
 
 import datasets
 import pyarrow as pa
+from datasets.exceptions import DatasetGenerationError
 
-from hubgym.errors import EnvNotFoundError, NoShardsError, ShardError, SkippedShardsWarning
+from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError, SkippedShardsWarning
 from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
 from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, load_shard
@@ -272,7 +273,12 @@ def open_rollouts(source: Source, *, hub: HubSpec = None, streaming: bool = True
                             rollout_features=features, verify=verify, skip_bad=skip_bad)
     if streaming:
         return builder.as_streaming_dataset(split="train")
-    builder.download_and_prepare(download_mode=None if recorded else datasets.DownloadMode.FORCE_REDOWNLOAD)
+    try:
+        builder.download_and_prepare(download_mode=None if recorded else datasets.DownloadMode.FORCE_REDOWNLOAD)
+    except DatasetGenerationError as exc:  # datasets wraps what the builder raised: hand back hubgym's own error
+        if isinstance(exc.__cause__, HubgymError):
+            raise exc.__cause__ from None
+        raise
     return builder.as_dataset(split="train")
 
 
@@ -282,6 +288,6 @@ def _local_features(sources: list[ShardSource]) -> datasets.Features:
         try:
             with pa.memory_map(s.location) as f:
                 return datasets.Features.from_arrow_schema(pa.ipc.open_file(f).schema)
-        except (pa.ArrowInvalid, OSError):
+        except (pa.ArrowException, OSError):  # a bad shard: the read names it when it gets there
             continue
     return ROLLOUT_FEATURES
