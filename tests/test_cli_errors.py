@@ -141,6 +141,13 @@ def test_report_skip_bad_reads_the_other_shards_and_names_the_bad_one(world):
     assert result.exit_code == 0, result.output
     assert "note: skipped 1 bad shard(s) (of 2 in this read): " in result.output
     assert "w000of001-00000.arrow" in result.output and "arithmetic" in result.output
+    all_bad = Path(shutil.copytree(world / "empty", world / "all-bad"))
+    for path in (all_bad / "shards").glob("*.arrow"):
+        path.write_bytes(b"")  # every shard bad: the note names them, then one error
+    none = runner.invoke(app, ["report", str(all_bad), "--skip-bad"], env={"COLUMNS": "300"})
+    assert none.exit_code == 1 and "note: skipped 2 bad shard(s) (of 2 in this read)" in none.output
+    assert [line for line in none.output.splitlines() if line.startswith("error: ")] == [
+        line for line in none.output.splitlines() if "every one of the 2 shard(s)" in line], none.output
 
 
 def test_replay_model_tiny_is_the_tiny_local_model_and_no_model_says_the_audit_was_skipped(world):

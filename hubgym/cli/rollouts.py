@@ -126,9 +126,11 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
 
     with warnings.catch_warnings(record=True) as skipped:  # each shard is checked as iter_rollouts checks it
         warnings.simplefilter("always", SkippedShardsWarning)
-        rollouts = scan_rollouts(sources, skip_bad=skip_bad)
-    for warning in (w for w in skipped if issubclass(w.category, SkippedShardsWarning)):
-        console(stderr=True).print(Text(f"note: {warning.message}", style="yellow"))
+        try:
+            rollouts = scan_rollouts(sources, skip_bad=skip_bad)
+        finally:  # also before the error when every shard was bad
+            for warning in (w for w in skipped if issubclass(w.category, SkippedShardsWarning)):
+                console(stderr=True).print(Text(f"note: {warning.message}", style="yellow"))
     console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
     console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"))
