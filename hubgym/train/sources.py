@@ -16,7 +16,6 @@ from typing import Any, Iterator, Sequence
 
 import pyarrow as pa
 
-from hubgym.errors import NoShardsError
 from hubgym.hub.rollout_reader import local_shard_sources
 from hubgym.hub.shards import load_shard
 from hubgym.schemas.tasks import parse_json
@@ -25,23 +24,6 @@ from hubgym.schemas.tasks import parse_json
 TRAIN_COLUMNS = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "prompt_ids", "completion_ids",
                  "completion_mask", "completion_logprobs", "tokens_consistent", "reward", "metrics", "finish_reason",
                  "truncated", "num_turns", "error", "provenance")
-
-
-def shard_files(paths: Sequence[str | Path] | str | Path) -> list[Path]:
-    """Shard files of shard paths and run folders, in a stable order (hidden temp files left out)."""
-    files: list[Path] = []
-    for path in [paths] if isinstance(paths, (str, Path)) else paths:
-        path = Path(path)
-        if path.is_file():
-            files.append(path)
-        elif path.is_dir():
-            found = sorted(p for p in path.rglob("*.arrow") if not p.name.startswith("."))
-            if not found:
-                raise NoShardsError(f"{path} holds no rollout shards (*.arrow); point at a rollout run folder")
-            files += found
-        else:
-            raise NoShardsError(f"{path} does not exist; give a rollout run folder or a shard file")
-    return files
 
 
 class LocalShards:
