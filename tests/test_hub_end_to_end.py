@@ -109,6 +109,6 @@ def test_push_load_rollout_score_push_rollouts_train_over_http(hub_client, tiny_
         "model": str(tiny_model), "output_dir": str(out), "envs": [{"name": f"{ref}:default"}],
         "offline": {"sources": [rollouts_ref], "steps": 2}, "online": {"steps": 0}, "eval": {"limit": 0},
         "grpo": {"n": 2, "zero_variance": "keep"}, "batch": {"groups_per_step": 2}, "log": {"every": 1000}}))
-    invoke("train", str(config), "--hub", url, "--trust")
+    invoke("train", str(config), "--hub", url, *shlex.split(pin_option))  # pinned, as rollout and score were
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "policy/loss" in r]
     assert [r["step"] for r in steps] == [0, 1] and (out / "model" / "config.json").is_file()

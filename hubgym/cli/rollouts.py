@@ -16,7 +16,7 @@ import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, Verbose, app, console, fail, user_errors
+from hubgym.cli.app import HUB_HELP, PIN_HELP, Verbose, app, console, fail, parse_pin_options, user_errors
 from hubgym.errors import SkippedShardsWarning
 
 
@@ -55,8 +55,7 @@ def rollout(
                                                     "a Hub-API URL or a local hub folder [default: $HUBGYM_HUB]")]
     = None,
     trust: Annotated[bool, typer.Option(help="run hub envs' verifiers unpinned")] = False,
-    pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
-                                                          "(repeatable)")] = None,
+    pin: Annotated[Optional[list[str]], typer.Option(help=PIN_HELP)] = None,
     push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
                                                      "(org/name; the run id is the config)")] = None,
     verbose: Verbose = False,
@@ -79,7 +78,7 @@ def rollout(
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
-                           concurrency=concurrency, hub=hub, trust=trust, pins=_pins(pin or []))
+                           concurrency=concurrency, hub=hub, trust=trust, pins=parse_pin_options(pin))
     try:
         summary = run_rollouts(config)
     except KeyboardInterrupt:
@@ -96,18 +95,6 @@ def rollout(
         pushed = push_rollouts(out, push, hub=hub, progress=True)
         console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
                               f"rollouts -> {pushed.ref}"))
-
-
-def _pins(pins: list[str]) -> dict[str, str]:
-    """--pin REPO=sha256:<hex> (repeatable) -> {repo: pin}."""
-    out = {}
-    for item in pins:
-        repo, eq, value = item.partition("=")
-        if not eq or "/" not in repo:
-            raise typer.BadParameter(f"--pin {item!r}: write REPO=sha256:<hex>, e.g. org/arith=sha256:9f2c... (the "
-                                     f"refusal message of an unpinned run shows the sha256)")
-        out[repo.split("@")[0]] = value
-    return out
 
 
 @app.command("report")

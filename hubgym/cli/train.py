@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
+from hubgym.cli.app import HUB_HELP, PIN_HELP, Verbose, app, console, parse_pin_options, user_errors
 
 
 @app.command()
@@ -26,6 +26,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
           options: Annotated[bool, typer.Option("--options", help="list every option and exit")] = False,
           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
           trust: Annotated[bool, typer.Option(help="run unpinned verifiers of hub envs")] = False,
+          pin: Annotated[Optional[list[str]], typer.Option(help=PIN_HELP)] = None,
           verbose: Verbose = False) -> None:
     """GRPO on DeepSpeed: stored rollouts first (offline), then fresh vLLM rollouts of the policy (online)."""
     from hubgym.rollout.vllm_logging import set_verbose
@@ -44,7 +45,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
 
     cfg = load_config(config, set_ or [])
     resolve_model(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
-    trainer = Trainer(cfg, console=console(), hub=hub, trust=trust)
+    trainer = Trainer(cfg, console=console(), hub=hub, trust=trust, pins=parse_pin_options(pin))
     try:
         result = trainer.run()
     except KeyboardInterrupt:  # the step being sampled is dropped; the resumed run samples it again

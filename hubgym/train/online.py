@@ -51,8 +51,9 @@ class OnlineProducer:
 
     def __init__(self, envs: list[tuple[str, float]], *, split: str, model: str, out_dir: str | Path, n: int,
                  sampling: SamplingArgs, max_model_len: int, seed: int = 0, hub: str | None = None, trust: bool = False,
-                 stop: threading.Event | None = None):
-        self.envs = [MixEnv(load_env_tasks(spec, split, None, hub=hub, trust=trust), weight, spec) for spec, weight in envs]
+                 pins: dict[str, str] | None = None, stop: threading.Event | None = None):
+        self.envs = [MixEnv(load_env_tasks(spec, split, None, hub=hub, trust=trust, pins=pins), weight, spec)
+                     for spec, weight in envs]
         self.split, self.model, self.out_dir, self.n = split, model, Path(out_dir), n
         self.sampling, self.max_model_len, self.seed = sampling, max_model_len, seed
         self.stop = stop if stop is not None else threading.Event()

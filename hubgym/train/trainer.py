@@ -51,8 +51,9 @@ class Trainer:
     STOPPING_GRACE_S = 1.0  # after an engine failure, how long to wait for a Ctrl-C to show before restarting it
 
     def __init__(self, cfg: TrainConfig, *, console: Console | None = None, engine=None, hub: str | None = None,
-                 trust: bool = False):
+                 trust: bool = False, pins: dict[str, str] | None = None):
         self.cfg, self.console, self.hub, self.trust = cfg, console or Console(), hub, trust
+        self.pins = dict(pins or {})  # hub repo -> "sha256:<hex>" its verifier must have
         self.out = Path(cfg.output_dir)
         self._engine, self._owns_engine = engine, engine is None  # a given engine is the caller's to close
         self.synced: int | None = None if engine is not None else 0  # a fresh engine serves the initial weights
@@ -89,7 +90,7 @@ class Trainer:
 
         names = {}
         for mix in self.cfg.envs:
-            env = load_env_tasks(mix.name, self.cfg.eval.split, 1, hub=self.hub, trust=self.trust).env
+            env = load_env_tasks(mix.name, self.cfg.eval.split, 1, hub=self.hub, trust=self.trust, pins=self.pins).env
             names[env] = names.get(env, 0.0) + mix.weight  # two configs of one env: rows carry the env name only
         return names
 
@@ -279,7 +280,7 @@ class Trainer:
                               sampling=SamplingArgs(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                                                     seed=self.cfg.seed),
                               max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed, hub=self.hub,
-                              trust=self.trust, stop=self.worker.stopping)
+                              trust=self.trust, pins=self.pins, stop=self.worker.stopping)
 
     def _sync(self, version: int) -> None:
         """Queue loading the current weights into vLLM as `version` (only when something samples: online steps
@@ -315,7 +316,8 @@ class Trainer:
         metrics = evaluate(self.engine(), [m.name for m in self.cfg.envs], model=self.model_dir(),
                            out=self.out / "eval", step=step, split=e.split, limit=e.limit, n=e.n,
                            temperature=e.temperature, max_tokens=self.cfg.sampling.max_tokens, seed=self.cfg.seed,
-                           max_model_len=self.cfg.online.max_model_len, hub=self.hub, trust=self.trust)
+                           max_model_len=self.cfg.online.max_model_len, hub=self.hub, trust=self.trust,
+                           pins=self.pins)
         log.log(step, metrics)
         return metrics
 
