@@ -88,6 +88,23 @@ def test_rows_taken_for_a_shard_are_exactly_its_rows(tmp_path):
     assert writer.rows_written == 4 and writer.shard_files()[first.name]["rows"] == 2
 
 
+def test_groups_that_finish_during_a_write_fill_the_next_shards_not_this_one(tmp_path):
+    """While a write runs in a thread, several groups may finish: a take never holds more than a full shard of
+    them (whole groups), the rest wait for the next shards, and a flush writes them all."""
+    writer = ShardWriter(tmp_path, WORKER, max_rows=4)
+    for task in range(5):  # five groups buffered before any take: more than two shards' worth
+        writer.add_group(group(task), flush=False)
+
+    first = writer.take()
+    assert [r["rollout_id"] for r in first.rows] == ["run-t0-0", "run-t0-1", "run-t1-0", "run-t1-1"] and first.final
+    writer.write_shard(first)
+    writer.flush()
+
+    assert [len(read_ids(p)) for p in writer.shards()] == [4, 4, 2]
+    assert sorted(i for p in writer.shards() for i in read_ids(p)) == sorted(
+        f"run-t{t}-{s}" for t in range(5) for s in range(2))
+
+
 def test_a_shard_stores_its_groups_sorted_whatever_order_they_finished_in(tmp_path):
     """Groups finish in an order that depends on timing; a trainer streams them in stored order."""
     shards = []

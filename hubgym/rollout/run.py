@@ -192,11 +192,12 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
         writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))  # lists it at once
 
     async def store_due() -> None:
-        if writer.due:
+        while writer.due:  # groups that finished during a write may fill more than one shard
             async with one_flush:  # one write at a time; rows are taken only once it is this write's turn, so a
-                shard = writer.take()  # cancelled wait leaves them buffered for the final flush
-                if shard is not None:
-                    await asyncio.to_thread(store_shard, shard)
+                shard = writer.take() if writer.due else None  # cancelled wait leaves them buffered for the end
+                if shard is None:
+                    return
+                await asyncio.to_thread(store_shard, shard)
 
     async def by_time() -> None:  # groups finished while no other group finishes still reach disk in time
         while True:

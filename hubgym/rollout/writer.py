@@ -142,25 +142,42 @@ class ShardWriter:
         return bool(self._buffer) and (self.full or waited >= self.flush_every_s)
 
     def take(self) -> PendingShard | None:
-        """The next write (None when nothing is buffered): the open shard's rows plus the buffered ones, sorted by
-        group and sample. Write takes with `write_shard` in the order they were taken.
+        """The next write (None when nothing is buffered): the open shard's rows plus the buffered groups that fit,
+        sorted by group and sample. Write takes with `write_shard` in the order they were taken.
 
+        A shard takes whole groups until it holds `max_rows` (or `max_bytes`); groups buffered past that wait for
+        the next shard, so a shard never grows past its bound however many groups finished during a write.
         Groups reach the buffer in the order they finish, which depends on timing; a trainer streams
         them in stored order, so a shard stores them sorted and the same rows make the same shard."""
         if not self._buffer:
             return None
-        rows = sorted(self._open + self._buffer, key=lambda row: (row["group"], row["sample"]))
-        shard = PendingShard(self.shard_dir / f"{self.worker}-{self._next:05d}.arrow", rows, self.full)
-        self._buffer = []
-        if shard.final:
-            self._open, self._bytes, self._next = [], 0, self._next + 1
+        fits = self._groups_that_fit()
+        taken, self._buffer = self._buffer[:fits], self._buffer[fits:]
+        rows = sorted(self._open + taken, key=lambda row: (row["group"], row["sample"]))
+        final = len(rows) >= self.max_rows or sum(map(_estimate_bytes, rows)) >= self.max_bytes
+        shard = PendingShard(self.shard_dir / f"{self.worker}-{self._next:05d}.arrow", rows, final)
+        if final:
+            self._open, self._next = [], self._next + 1
+            self._bytes = sum(map(_estimate_bytes, self._buffer))
         else:
             self._open = rows
         return shard
 
+    def _groups_that_fit(self) -> int:
+        """How many buffered rows the next write takes: whole groups, in arrival order, until the shard is full."""
+        count, size = len(self._open), sum(map(_estimate_bytes, self._open))
+        for i, row in enumerate(self._buffer):
+            if (count >= self.max_rows or size >= self.max_bytes) and row["group"] != self._buffer[i - 1]["group"]:
+                return i
+            count, size = count + 1, size + _estimate_bytes(row)
+        return len(self._buffer)
+
     def flush(self) -> Path | None:
-        """Write what is buffered now (full or not)."""
-        return self.write_shard(self.take())
+        """Write everything buffered now (full shards, then the open one); the last shard written."""
+        path = None
+        while (shard := self.take()) is not None:
+            path = self.write_shard(shard)
+        return path
 
     def flush_due(self) -> Path | None:
         """Write what is buffered if it is `due`."""
