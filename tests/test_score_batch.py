@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gc
+import json
 import math
 
 import pyarrow as pa
 import pytest
 
+from hubgym.builders import build_tasks
 from hubgym.builders.registry import resolve_env
+from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
 from hubgym.score.choice import VerifierChoice
 from hubgym.score.scoring import collector_paused, score_batch
@@ -25,6 +28,7 @@ def arithmetic_batch(infos: list[str], replies: list[str]) -> pa.RecordBatch:
         "info": infos, "interaction": [INTERACTION] * rows,
         "error": pa.array([None] * rows, pa.struct([("boundary", pa.string()), ("type", pa.string()),
                                                    ("message", pa.string())])),
+        "finish_reason": ["stop"] * rows, "metrics": pa.array([[]] * rows, ROLLOUT_SCHEMA.field("metrics").type),
     })
 
 
@@ -70,3 +74,33 @@ def test_collector_paused_restores_the_collector_even_when_the_block_raises():
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_reply_cut_short_is_not_an_env_action_when_scored_stored_or_rescored():
+    """The rollout loop never steps a multi_turn reply cut at max_tokens; scoring, re-scoring and replay leave it
+    out the same way (one definition, last_reply_cut), so a cut winning guess earns nothing anywhere."""
+    from hubgym.schemas import assistant, user
+    from hubgym.score.scoring import SCORED_COLUMNS
+    from hubgym.score.choice import VerifierSpec
+    from hubgym.verifiers.contract import last_reply_cut
+
+    task = build_tasks("wordle", "default")["test"][0]
+    verifier = resolve_env("wordle").verifier()
+    secret = task["info"]["secret"]
+    completion = [assistant(f"<guess>{secret}</guess>")]  # would win, but the reply was cut
+
+    assert verifier.score(task, completion).reward > 0
+    assert verifier.score(task, completion, cut=True).reward == 0.0
+    assert last_reply_cut(completion, "length", 0) and not last_reply_cut(completion, "stop", 0)
+    stepped = completion + [user("obs")]
+    assert not last_reply_cut(stepped, "length", 1)  # ends in an observation: the reply was stepped
+    assert not last_reply_cut(completion, "context_length", 1)  # out of context before the next reply
+    assert last_reply_cut(completion, "context_length", None)
+
+    row = {"task_id": task["id"], "env": "wordle", "prompt": task["prompt"], "completion": completion,
+           "info": json.dumps(task["info"]), "interaction": task["interaction"], "error": None, "finish_reason": "length",
+           "metrics": [{"name": "reward/steps", "value": 0.0}]}
+    schema = pa.schema([pa.field(c, pa.string()) if c == "info" else ROLLOUT_SCHEMA.field(c) for c in SCORED_COLUMNS])
+    batch = pa.RecordBatch.from_pylist([row], schema=schema)  # as `slim` lays it out: info as its JSON text
+    spec = VerifierSpec.of(verifier, "wordle", "registry")
+    assert score_batch({"wordle": spec}, batch).column("rescore_reward").to_pylist() == [0.0]

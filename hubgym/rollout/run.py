@@ -27,7 +27,7 @@ from hubgym.rollout.tokens import ChatRenderer, audit_tokens
 from hubgym.rollout.writer import FLUSH_EVERY_S, PendingShard, ShardWriter, worker_name
 from hubgym.schemas.rollouts import Rollout
 from hubgym.schemas.version import SCHEMA_VERSION
-from hubgym.verifiers.contract import Verifier
+from hubgym.verifiers.contract import Verifier, last_reply_cut
 
 
 @dataclass
@@ -103,7 +103,8 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
            renderer: ChatRenderer | None, env_repo: str | None = None, env_revision: str | None = None) -> Rollout:
     """Score a trajectory and lay it out as a Rollout row. A failed trajectory keeps reward None."""
     started = time.perf_counter()
-    score = verifier.score(traj.task, traj.completion) if traj.error is None else None
+    cut = last_reply_cut(traj.completion, traj.finish_reason, len(traj.step_rewards))
+    score = verifier.score(traj.task, traj.completion, cut=cut) if traj.error is None else None
     score_s = time.perf_counter() - started
     error = traj.error or (score.error if score else None)
     tokens = traj.tokens

@@ -31,9 +31,7 @@ from hubgym.errors import RolloutNotFoundError, VerifierLoadError, Where
 from hubgym.rollout.tokens import ChatRenderer, TokenAudit
 from hubgym.rollout.tokens import audit_tokens as audit_row
 from hubgym.score.choice import VerifierArg, VerifierChoice, load_spec
-from hubgym.verifiers.contract import Verifier
-
-CUT = ("length", "context_length")  # finish reasons of a reply cut short: the loop does not step it
+from hubgym.verifiers.contract import CUT_FINISHES, Verifier, last_reply_cut
 
 
 @dataclass(frozen=True)
@@ -126,7 +124,7 @@ def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence
     if stored != (observation or None):
         return Divergence(0, "observation", stored, observation), 0
     actions = [(n, i) for n, i in enumerate(turns, 1) if not completion[i].get("tool_calls")]
-    if actions and _was_cut(row, actions[-1][1], rewards, len(actions)):
+    if actions and last_reply_cut(completion, row["finish_reason"], None if rewards is None else len(rewards)):
         actions = actions[:-1]
     done = False
     for k, (turn, i) in enumerate(actions):
@@ -149,7 +147,7 @@ def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence
         extra = min(set(rewards) - set(range(len(actions))))
         return Divergence(last + 1, "reward", rewards[extra], None), len(actions)
     stopped = (row.get("error") or {}).get("boundary") not in (None, "verifier")  # a failure ended it early
-    if not done and not row["truncated"] and not stopped and row["finish_reason"] not in CUT:
+    if not done and not row["truncated"] and not stopped and row["finish_reason"] not in CUT_FINISHES:
         return Divergence(last, "done", True, False), len(actions)  # stored as finished; the env had not ended it
     return None, len(actions)
 
@@ -183,17 +181,6 @@ def _reset(row: dict[str, Any], verifier: Verifier) -> tuple[dict, Any, str, str
 def _task(row: dict[str, Any], prompt: list[dict]) -> dict[str, Any]:
     return {"id": row["task_id"], "env": row["env"], "prompt": prompt, "info": row["info"],
             "interaction": row["interaction"]}
-
-
-def _was_cut(row: dict[str, Any], last: int, rewards: dict[int, float] | None, actions: int) -> bool:
-    """Whether the row's last action is a reply cut short (by max_tokens or the context), which the loop never steps.
-
-    A run out of context *before* generating also ends in "context_length"; then the last reply was
-    stepped: its observation follows it, or (empty observation) its step reward is stored.
-    """
-    if row["finish_reason"] not in CUT or last != len(row["completion"]) - 1:
-        return False
-    return row["finish_reason"] == "length" or rewards is None or len(rewards) < actions
 
 
 def _raised(turn: int, failed: dict | None, exc: Exception) -> Divergence | None:

@@ -26,9 +26,9 @@ import pyarrow as pa
 from hubgym.score.choice import VerifierSpec, load_spec
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
-from hubgym.verifiers.contract import Verifier
+from hubgym.verifiers.contract import Verifier, last_reply_cut
 
-SCORED_COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "error")
+SCORED_COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "error", "finish_reason", "metrics")
 METRICS_TYPE = ROLLOUT_SCHEMA.field("metrics").type
 ERROR_TYPE = ROLLOUT_SCHEMA.field("error").type
 RESCORE_SCHEMA = pa.schema([
@@ -65,26 +65,36 @@ def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.Rec
     """The RESCORE_SCHEMA columns of a `slim` batch; `specs` maps each env in it to its verifier."""
     verifiers = {env: (load_spec(spec), spec) for env, spec in specs.items()}
     with collector_paused():
-        cols = [batch.column(name).to_pylist() for name in SCORED_COLUMNS]
+        multi_turn = any(verifier.multi_turn for verifier, _ in verifiers.values())
+        cols = [batch.column(name).to_pylist() if name != "metrics" or multi_turn else [None] * batch.num_rows
+                for name in SCORED_COLUMNS]  # step rewards matter only to multi_turn verifiers
         values = []
-        for task_id, env, prompt, completion, info, interaction, stored_error in zip(*cols):
+        for task_id, env, prompt, completion, info, interaction, stored_error, finish, metrics in zip(*cols):
             if stored_error is not None and stored_error["boundary"] != RESCORED_BOUNDARY:
                 values.append((None, [], stored_error, None, None))
                 continue
             task = {"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
                     "info": parse_json(info) if isinstance(info, str) else info}
-            values.append(score_one(*verifiers[env], task, completion))
+            cut = verifiers[env][0].multi_turn and last_reply_cut(completion, finish, _steps_stored(metrics))
+            values.append(score_one(*verifiers[env], task, completion, cut=cut))
     columns = zip(*values) if values else [[] for _ in RESCORE_SCHEMA]
     return pa.RecordBatch.from_arrays([pa.array(list(c), f.type) for c, f in zip(columns, RESCORE_SCHEMA)],
                                       schema=RESCORE_SCHEMA)
 
 
-def score_one(verifier: Verifier, spec: VerifierSpec, task: dict[str, Any], completion: list[dict]) -> tuple:
+def score_one(verifier: Verifier, spec: VerifierSpec, task: dict[str, Any], completion: list[dict], *,
+              cut: bool = False) -> tuple:
     """(reward, metrics, error, module, sha256) of one trajectory, laid out as the rollout writer does."""
-    score = verifier.score(task, completion)
+    score = verifier.score(task, completion, cut=cut)
     metrics = [{"name": f"reward/{k}", "value": float(v)} for k, v in score.components.items()]
     metrics.append({"name": "success", "value": float(score.error is None and verifier.succeeded(score))})
     return score.reward, metrics, score.error, spec.module, spec.sha256
+
+
+def _steps_stored(metrics: list[dict] | None) -> int | None:
+    """How many `step/<i>/reward` metrics a row stored (None when it stored none: written before they were)."""
+    count = sum(1 for m in metrics or [] if m["name"].startswith("step/") and m["name"].endswith("/reward"))
+    return count or None
 
 
 @contextmanager

@@ -102,6 +102,24 @@ def actions_of(completion: list[Message]) -> list[str]:
     return [m["content"] or "" for m in completion if m["role"] == "assistant" and not m.get("tool_calls")]
 
 
+CUT_FINISHES = ("length", "context_length")  # finish reasons of a reply cut short
+
+
+def last_reply_cut(completion: list[Message], finish_reason: str | None, steps_stored: int | None) -> bool:
+    """Whether a trajectory's last action is a reply cut short (by max_tokens or the context): the rollout loop
+    never gives such a reply to `step`, so scoring and replay leave it out of the episode too.
+
+    A run out of context *before* generating also ends in "context_length"; its last reply was then stepped,
+    which the number of stored step rewards (`steps_stored`, None when unknown) shows.
+    """
+    if finish_reason not in CUT_FINISHES or not completion:
+        return False
+    last = completion[-1]
+    if last["role"] != "assistant" or last.get("tool_calls"):
+        return False
+    return finish_reason == "length" or steps_stored is None or steps_stored < len(actions_of(completion))
+
+
 class Verifier:
     """A loaded, validated verifier module."""
 
@@ -143,8 +161,11 @@ class Verifier:
         """Success for pass@k: the total reward reaches SUCCESS_THRESHOLD."""
         return score.reward is not None and score.reward >= self.success_threshold - 1e-9
 
-    def score(self, task: Task, completion: list[Message]) -> Score:
-        """Score a trajectory. Exceptions and non-finite rewards become `Score.error`, never a reward."""
+    def score(self, task: Task, completion: list[Message], *, cut: bool = False) -> Score:
+        """Score a trajectory. Exceptions and non-finite rewards become `Score.error`, never a reward.
+
+        cut: the last reply was cut short and never stepped (`last_reply_cut`); a multi_turn episode then ends
+        before it, as it did in the rollout loop, so the stored reward and a re-score agree with the loop."""
         components: dict[str, float] = {}
         total = 0.0
         try:
@@ -154,7 +175,8 @@ class Verifier:
                 components[name] = _as_reward(fn(task, completion), name)
                 total += weight * components[name]
             if self.multi_turn:
-                components["steps"] = sum(s.reward for s in self.run_episode(task, actions_of(completion)).steps)
+                actions = actions_of(completion)[:-1] if cut else actions_of(completion)
+                components["steps"] = sum(s.reward for s in self.run_episode(task, actions).steps)
                 total += components["steps"]
             if task["interaction"]["tool_rewards"]:
                 components["tool_calls"] = tool_call_reward(task, completion)
