@@ -167,3 +167,17 @@ def test_builtin_parsers_record_answer_found_and_change_no_reward(env, no_answer
         answer = verifier.parse_answer(case.task, case.completion)
         assert score.components["answer_found"] == float(bool((answer or "").strip()))
     assert {c.components["answer_found"] for c in (verifier.score(c.task, c.completion) for c in cases)} == {0.0, 1.0}
+
+
+def test_a_parse_answer_that_raises_is_named_by_the_conformance_failure(tmp_path):
+    """check_score_never_raises names the part of the verifier that failed: parse_answer when it is the one."""
+    from hubgym.conformance.checks import _failed_component
+
+    path = tmp_path / "parse_raises.py"
+    path.write_text("def parse_answer(task, completion):\n    raise ValueError('no')\n\n"
+                    "def correct(task, completion):\n    return 1.0\n\nREWARDS = {correct: 1.0}\n")
+    verifier = load_verifier(str(path), env="parse_raises")
+    task = {"id": "t", "env": "parse_raises", "prompt": [], "info": {},
+            "interaction": {"kind": "single_turn", "max_turns": 1, "tools": [], "tool_rewards": []}}
+    score = verifier.score(task, [{"role": "assistant", "content": "x"}])
+    assert score.error is not None and _failed_component(verifier, task, score) == "parse_answer"

@@ -19,7 +19,7 @@ from hubgym.conformance.common import SEEDED_FIX, TOL, fail, guarded, short
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
 from hubgym.errors import ToolNotFoundError, Where
 from hubgym.schemas import KINDS, TASK_FEATURES, Task, task_id, validate_tasks
-from hubgym.verifiers.contract import Score, Verifier
+from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
 
 if TYPE_CHECKING:
     from hubgym.conformance.runner import Context
@@ -345,9 +345,12 @@ def check_scoring_no_errors(ctx: Context) -> None:
 
 
 def _failed_component(verifier: Verifier, task: Task, score: Score) -> str:
-    names = list(verifier.rewards) + ["step"] * verifier.multi_turn + ["tool_rewards"] * bool(
+    names = [ANSWER_FOUND] * (verifier.parse_answer is not None) + list(verifier.rewards) + [
+        "step"] * verifier.multi_turn + ["tool_rewards"] * bool(
         task["interaction"]["tool_rewards"])
     missing = [n for n in names if n not in score.components and not (n == "step" and "steps" in score.components)]
+    if missing and missing[0] == ANSWER_FOUND:  # recorded first: parse_answer raised
+        return "parse_answer"
     return missing[0] if missing else "verifier"
 
 
