@@ -135,16 +135,21 @@ def test_the_installed_command_prints_no_traceback_for_damaged_stored_data(world
         assert [line for line in done.stderr.splitlines() if line.strip()][-1].startswith("error: "), done.stderr
 
 
-def test_report_skip_bad_reads_the_other_shards_and_names_the_bad_one(world):
-    result = runner.invoke(app, ["report", str(world / "flipped"), "--skip-bad", "--plot", str(world / "r.png")],
-                           env={"COLUMNS": "300"})
+SKIP_BAD_COMMANDS = {"report": ["--plot", "{world}/r.png"], "score": ["--workers", "1"], "replay": []}
+
+
+@pytest.mark.parametrize("command", list(SKIP_BAD_COMMANDS))
+def test_skip_bad_reads_the_other_shards_and_names_the_bad_one(world, command):
+    extra = [a.format(world=world) for a in SKIP_BAD_COMMANDS[command]]
+    result = runner.invoke(app, [command, str(world / "flipped"), "--skip-bad", *extra], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
     assert "note: skipped 1 bad shard(s) (of 2 in this read): " in result.output
     assert "w000of001-00000.arrow" in result.output and "arithmetic" in result.output
-    all_bad = Path(shutil.copytree(world / "empty", world / "all-bad"))
+    all_bad = world / f"all-bad-{command}"
+    shutil.copytree(world / "empty", all_bad)
     for path in (all_bad / "shards").glob("*.arrow"):
         path.write_bytes(b"")  # every shard bad: the note names them, then one error
-    none = runner.invoke(app, ["report", str(all_bad), "--skip-bad"], env={"COLUMNS": "300"})
+    none = runner.invoke(app, [command, str(all_bad), "--skip-bad", *extra], env={"COLUMNS": "300"})
     assert none.exit_code == 1 and "note: skipped 2 bad shard(s) (of 2 in this read)" in none.output
     assert [line for line in none.output.splitlines() if line.startswith("error: ")] == [
         line for line in none.output.splitlines() if "every one of the 2 shard(s)" in line], none.output

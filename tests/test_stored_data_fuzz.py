@@ -273,14 +273,19 @@ def test_a_damaged_shard_is_named_by_every_reader_and_the_others_stay_readable(s
             assert sum(b.num_rows for b in open_source(str(run), skip_bad=True).batches) == ROWS_PER_SHARD
 
 
-def test_every_shard_bad_is_one_error_for_the_report(stored, tmp_path):
+def test_every_shard_bad_is_one_error_for_every_reader(stored, tmp_path):
+    """Skipping every shard would read nothing and look like success: each reader says so instead."""
     run = fresh_run(stored, tmp_path)
     for path in shard_paths(run):
         path.write_bytes(b"")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", SkippedShardsWarning)
-        with pytest.raises(HubgymError, match=r"every one of the 2 shard\(s\) under .* is bad"):
-            scan_rollouts([run], skip_bad=True)
+    readers = {"scan_rollouts": lambda: scan_rollouts([run], skip_bad=True),
+               "iter_rollouts": lambda: list(iter_rollouts(run, skip_bad=True)),
+               "open_source": lambda: [b.num_rows for b in open_source(str(run), skip_bad=True).batches]}
+    for name, read in readers.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SkippedShardsWarning)
+            with pytest.raises(HubgymError, match=r"every one of the 2 shard\(s\) read is bad"):
+                read()
 
 
 # -- a run's manifest-*.json ------------------------------------------------------------------------------

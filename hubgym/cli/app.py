@@ -9,6 +9,9 @@ from __future__ import annotations
 import functools
 import os
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, Callable, NoReturn
 
 import typer
@@ -74,3 +77,20 @@ def parse_pin_options(pins: list[str] | None) -> dict[str, str]:
                                      f"refusal message of an unpinned run shows the sha256)")
         out[repo.split("@")[0]] = value
     return out
+
+
+SKIP_BAD_HELP = "leave out shards that fail their checks (each is named) instead of stopping at the first"
+
+
+@contextmanager
+def skipped_shards_noted() -> Iterator[None]:
+    """Print the shards a `skip_bad` read left out as yellow notes, also before an error when every one was bad."""
+    from hubgym.errors import SkippedShardsWarning
+
+    with warnings.catch_warnings(record=True) as skipped:
+        warnings.simplefilter("always", SkippedShardsWarning)
+        try:
+            yield
+        finally:
+            for warning in (w for w in skipped if issubclass(w.category, SkippedShardsWarning)):
+                console(stderr=True).print(Text(f"note: {warning.message}", style="yellow"))

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import warnings
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,8 +15,8 @@ import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, PIN_HELP, Verbose, app, console, fail, parse_pin_options, user_errors
-from hubgym.errors import SkippedShardsWarning
+from hubgym.cli.app import (HUB_HELP, PIN_HELP, SKIP_BAD_HELP, Verbose, app, console, fail, parse_pin_options,
+                            skipped_shards_noted, user_errors)
 
 
 class EngineKind(str, Enum):
@@ -104,20 +103,14 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
                                                                  "[default: SOURCE/rewards.png]")] = None,
                     k: Annotated[Optional[int], typer.Option("--k", min=1, help="k of pass@k, capped at each env's "
                                                              "smallest group [default: that group's size]")] = None,
-                    skip_bad: Annotated[bool, typer.Option(help="leave out shards that fail their checks (each is "
-                                                                "named) instead of stopping at the first")] = False,
+                    skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False,
                     ) -> None:
     """Summarize stored rollouts per env (rewards, pass@1, pass@k, answer-format and tool-call parse failures,
     turns, truncation, errors) + a PNG of reward counts, rates and components."""
     from hubgym.rollout import plot_rewards, scan_rollouts, summarize
 
-    with warnings.catch_warnings(record=True) as skipped:  # each shard is checked as iter_rollouts checks it
-        warnings.simplefilter("always", SkippedShardsWarning)
-        try:
-            rollouts = scan_rollouts(sources, skip_bad=skip_bad)
-        finally:  # also before the error when every shard was bad
-            for warning in (w for w in skipped if issubclass(w.category, SkippedShardsWarning)):
-                console(stderr=True).print(Text(f"note: {warning.message}", style="yellow"))
+    with skipped_shards_noted():  # each shard is checked as iter_rollouts checks it
+        rollouts = scan_rollouts(sources, skip_bad=skip_bad)
     console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
     console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"))

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, app, console, user_errors
+from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, skipped_shards_noted, user_errors
 
 
 @app.command()
@@ -35,15 +35,16 @@ def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard 
           trust: Annotated[bool, typer.Option(help="run unpinned hub verifiers")] = False,
           pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
                                                                 "(repeatable; sha256:<hex> alone with one "
-                                                                "--env-revision)")] = None) -> None:
+                                                                "--env-revision)")] = None,
+          skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False) -> None:
     """Re-score stored rollouts with the current or another verifier; print what changed (no model, no tools)."""
     import polars as pl
 
     from hubgym.score.rescore import plot_diff, rescore
 
-    with views.rows_progress(console(stderr=True), "re-scoring") as advance:
+    with skipped_shards_noted(), views.rows_progress(console(stderr=True), "re-scoring") as advance:
         result = rescore(sources, verifier=verifier, env_revision=env_revision, out=out, workers=workers, hub=hub,
-                         trust=trust, pin=pin, progress=advance)
+                         trust=trust, pin=pin, progress=advance, skip_bad=skip_bad)
     out_console = console()
     out_console.print(views.frame_table(result.counts, title=f"re-scored {result.rows} rows in {result.seconds:.1f} s "
                                                          f"({result.rows_per_s:,.0f} rows/s)"))
@@ -83,7 +84,8 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
            hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
            trust: Annotated[bool, typer.Option(help="run unpinned hub verifiers")] = False,
            pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
-                                                                 "(repeatable)")] = None) -> None:
+                                                                 "(repeatable)")] = None,
+           skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False) -> None:
     """Re-run multi_turn dynamics from stored actions and audit tokens; exit code 1 if anything diverged."""
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -95,10 +97,10 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
     tokenizer = ("tokenizer_config.json", "config.json")  # the audit needs the tokenizer and its chat template
     renderer = as_renderer(resolve_model(model, setting="--model", needs=tokenizer)) if model else None
     report = ReplayReport()
-    with Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"), TimeElapsedColumn(),
-                  console=console(stderr=True)) as progress:
+    with skipped_shards_noted(), Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"),
+                                          TimeElapsedColumn(), console=console(stderr=True)) as progress:
         task = progress.add_task("replay", total=None)
-        for result in iter_replay(rows_of(sources, hub), rollout=rollout, renderer=renderer, verifier=choice):
+        for result in iter_replay(rows_of(sources, hub, skip_bad=skip_bad), rollout=rollout, renderer=renderer, verifier=choice):
             report.results.append(result)
             progress.advance(task)
     for table in views.replay_tables(report):

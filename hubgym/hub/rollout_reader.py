@@ -165,7 +165,7 @@ def decode_row(row: dict[str, Any], shard: str | None = None) -> dict[str, Any]:
 def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad: bool = False,
                     counts: dict | None = None) -> Iterator[LoadedShard]:
     """Each shard loaded and checked (see load_shard), in order; a bad one raises its ShardError, or with
-    `skip_bad` is left out and named in one SkippedShardsWarning at the end. This is the one way hubgym
+    `skip_bad` is left out and named in one SkippedShardsWarning at the end (NoShardsError when every one is). This is the one way hubgym
     reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it."""
     counts = counts if counts is not None else {}
     bad: list[str] = []
@@ -182,6 +182,9 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
     if bad:
         warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(sources)} in this read): "
                                            f"{', '.join(bad)}"), stacklevel=3)
+        if len(bad) == len(sources):  # skipping every shard would read nothing and look like success
+            raise NoShardsError(f"every one of the {len(sources)} shard(s) read is bad (named in the note above); "
+                                f"re-run the rollout that wrote them, or read another source")
 
 
 def _prefetched(sources: list[ShardSource], verify: bool) -> Iterator[tuple[ShardSource, LoadedShard | ShardError]]:

@@ -52,9 +52,6 @@ def scan_rollouts(sources: list[str | Path], *, skip_bad: bool = False) -> pl.La
 
     shards = local_shard_sources(sources)
     files = [loaded.source.location for loaded in verified_shards(shards, skip_bad=skip_bad)]
-    if not files:
-        raise NoShardsError(f"every one of the {len(shards)} shard(s) under {', '.join(map(str, sources))} is bad "
-                            f"(named in the warning above); re-run the rollout that wrote them")
     return pl.concat([pl.scan_ipc(f).select(ROLLOUT_SCHEMA.names) for f in files], how="vertical")
 
 

@@ -253,7 +253,8 @@ def replay(source: str | os.PathLike | Iterable, *, rollout: str | None = None, 
                                          verifier=verifier)))
 
 
-def rows_of(source: str | os.PathLike | Iterable, hub: str | None = None) -> Iterable[dict[str, Any]]:
+def rows_of(source: str | os.PathLike | Iterable, hub: str | None = None, *,
+            skip_bad: bool = False) -> Iterable[dict[str, Any]]:
     """Rows of a source: run folders, shard files and hub refs `org/name[@rev][:RUN]` are streamed shard by
     shard (each checked against its recorded sha256); any other iterable is taken as the rows themselves."""
     from hubgym.hub.rollouts import iter_rollouts
@@ -261,5 +262,5 @@ def rows_of(source: str | os.PathLike | Iterable, hub: str | None = None) -> Ite
     if isinstance(source, (str, os.PathLike)):
         source = [source]
     if isinstance(source, (list, tuple)) and all(isinstance(s, (str, os.PathLike)) for s in source):
-        return iter_rollouts(list(source), hub=hub)
+        return iter_rollouts(list(source), hub=hub, skip_bad=skip_bad)
     return source
