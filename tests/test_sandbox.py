@@ -192,12 +192,12 @@ def test_memory_hog_gets_memory_error(code, bound):
     assert not result.memory_exceeded and result.call_bound.startswith(bound)
 
 
-# Holders each write (so make resident) `mb` MB, then wait until the main program has seen all of
-# them holding at once. Detached ones are fresh interpreters in grandchildren: re-parented to the
+# Holders each write (so make resident) `mb` MB, then hold it until the main program, which has seen
+# all of them holding at once and waited a second, exits. Detached ones are fresh interpreters in grandchildren: re-parented to the
 # sandbox's pid 1, in a session of their own, their output closed. Every process carries `marker`
 # on its command line. Unbounded, the program prints "held" and exits 0.
 HOLDERS = """
-import os, sys
+import os, sys, time
 if sys.argv[-1] != "{marker}":
     os.execv(sys.executable, [sys.executable, "main.py", "{marker}"])
 ready_r, ready_w = os.pipe()
@@ -220,10 +220,10 @@ for _ in range({n}):
         os.write(ready_w, b"1")
         os.read(release_r, 1)  # returns once the main program closes release_w (or dies)
         os._exit(0)
-os.close(release_w)
-seen = 0
+seen = 0  # release_w stays open: every holder keeps its memory until this program exits
 while seen < {n}:
     seen += len(os.read(ready_r, {n}))
+time.sleep(1)  # all of them holding at once, for longer than a watchdog's poll
 print("held", {n} * {mb}, "MB")
 """
 
