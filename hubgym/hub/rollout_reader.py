@@ -163,9 +163,10 @@ def decode_row(row: dict[str, Any], shard: str | None = None) -> dict[str, Any]:
 
 
 def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad: bool = False,
-                    counts: dict | None = None) -> Iterator[LoadedShard]:
+                    counts: dict | None = None, whole_read: bool = True) -> Iterator[LoadedShard]:
     """Each shard loaded and checked (see load_shard), in order; a bad one raises its ShardError, or with
-    `skip_bad` is left out and named in one SkippedShardsWarning at the end (NoShardsError when every one is). This is the one way hubgym
+    `skip_bad` is left out and named in one SkippedShardsWarning at the end (NoShardsError when every one is and
+    `sources` is the `whole_read`, not one worker's part of it). This is the one way hubgym
     reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it."""
     counts = counts if counts is not None else {}
     bad: list[str] = []
@@ -182,7 +183,7 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
     if bad:
         warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(sources)} in this read): "
                                            f"{', '.join(bad)}"), stacklevel=3)
-        if len(bad) == len(sources):  # skipping every shard would read nothing and look like success
+        if whole_read and len(bad) == len(sources):  # skipping every shard would read nothing, looking like success
             raise NoShardsError(f"every one of the {len(sources)} shard(s) read is bad (named in the note above); "
                                 f"re-run the rollout that wrote them, or read another source")
 
@@ -240,7 +241,9 @@ class RolloutShards(datasets.ArrowBasedBuilder):
 
         expected = self.config.rollout_features.arrow_schema
         i = 0
-        for loaded in verified_shards(sources, verify=self.config.verify, skip_bad=self.config.skip_bad):
+        # datasets hands each call a part of the shards (one per worker or stream shard): not the whole read
+        for loaded in verified_shards(sources, verify=self.config.verify, skip_bad=self.config.skip_bad,
+                                      whole_read=False):
             _check_features(loaded, expected)
             for batch in loaded.batches():
                 yield Key(0, i), pa.Table.from_batches([batch]).select(expected.names)
