@@ -12,6 +12,8 @@ import pytest
 from hubgym.rollout.vllm_logging import apply_vllm_log_level, set_verbose
 
 VLLM_INFO = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) INFO ", re.M)  # "(EngineCore pid=12) INFO 11-25 ..."
+VLLM_WARNING = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) WARNING ", re.M)
+LOADING = "Loading safetensors checkpoint shards"
 
 
 def rollout(tiny_model: Path, out: Path, *flags: str) -> str:
@@ -26,16 +28,18 @@ def rollout(tiny_model: Path, out: Path, *flags: str) -> str:
 
 @pytest.mark.slow
 def test_a_rollout_shows_no_vllm_info_lines_unless_verbose(tiny_model, tmp_path):
-    assert VLLM_INFO.findall(rollout(tiny_model, tmp_path / "quiet")) == []
-    shown = set(VLLM_INFO.findall(rollout(tiny_model, tmp_path / "verbose", "--verbose")))
-    assert {"MainProcess", "EngineCore"} <= shown  # the spawned engine process follows the level too
+    quiet = rollout(tiny_model, tmp_path / "quiet")
+    assert VLLM_INFO.findall(quiet) == [] and VLLM_WARNING.findall(quiet) == [] and LOADING not in quiet, quiet
+    verbose = rollout(tiny_model, tmp_path / "verbose", "--verbose")
+    assert {"MainProcess", "EngineCore"} <= set(VLLM_INFO.findall(verbose))  # the engine process follows too
+    assert LOADING in verbose  # the weight-loading bar, once per engine start and weight sync
 
 
-def test_the_level_is_warning_by_default_and_a_users_level_wins(monkeypatch):
+def test_the_level_is_error_by_default_and_a_users_level_wins(monkeypatch):
     for name in ("VLLM_LOGGING_LEVEL", "VLLM_CONFIGURE_LOGGING"):
         monkeypatch.delenv(name, raising=False)
     apply_vllm_log_level()
-    assert (os.environ["VLLM_LOGGING_LEVEL"], os.environ["VLLM_CONFIGURE_LOGGING"]) == ("WARNING", "1")
+    assert (os.environ["VLLM_LOGGING_LEVEL"], os.environ["VLLM_CONFIGURE_LOGGING"]) == ("ERROR", "1")
     set_verbose(True)
     assert os.environ["VLLM_LOGGING_LEVEL"] == "INFO"
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")

@@ -25,7 +25,7 @@ from typing import Any, Iterator, Protocol
 
 from hubgym.errors import EngineError, RequestError
 from hubgym.rollout.reaper import engine_process_env
-from hubgym.rollout.vllm_logging import apply_vllm_log_level
+from hubgym.rollout.vllm_logging import apply_vllm_log_level, vllm_verbose
 from hubgym.schemas.messages import Message, ToolCall
 
 
@@ -125,14 +125,14 @@ class VLLMEngine:
         max_model_len = context_length(model, max_model_len)
         # vLLM's CPU backend otherwise reserves most of the machine's memory for KV cache (GiB; ignored on GPUs).
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-        apply_vllm_log_level()  # before vLLM is imported: its INFO lines stay out of hubgym's output
+        apply_vllm_log_level()  # before vLLM is imported: its INFO and WARNING lines stay out of hubgym's output
         import vllm
 
         self.model, self.max_model_len, self.version = model, max_model_len, vllm.__version__
         # Per-request seeds make runs reproducible; vLLM's CPU sampler cannot rewind a seeded generator
         # after a partial (chunked) prefill, so prompts are prefilled whole.
         defaults = {"dtype": "float32", "enable_chunked_prefill": False,
-                    "max_num_batched_tokens": max(8192, max_model_len)}
+                    "max_num_batched_tokens": max(8192, max_model_len), "use_tqdm_on_load": vllm_verbose()}
         self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
                          **defaults, **engine_args}  # kept so `restart` builds the same engine
         self.policy_version = 0  # the version of the weights served (set by `load_weights`)

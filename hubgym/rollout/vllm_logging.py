@@ -1,5 +1,5 @@
-"""vLLM's log level: WARNING unless asked otherwise, so its INFO blocks (one per engine start and per weight
-sync) do not flood hubgym's own output.
+"""vLLM's log level: ERROR unless asked otherwise, so its INFO and WARNING blocks and its weight-loading bar
+(one each per engine start and per weight sync: a hundred in the demo) do not flood hubgym's own output.
 
 vLLM reads VLLM_LOGGING_LEVEL when it is first imported, and its engine core runs in a spawned process
 that inherits the environment; so the level is set in os.environ before vLLM is imported
@@ -7,7 +7,8 @@ that inherits the environment; so the level is set in os.environ before vLLM is 
 exported wins; `--verbose` (`set_verbose`) brings the INFO lines back.
 
     set_verbose(True)        # the CLI's --verbose: vLLM logs at INFO
-    apply_vllm_log_level()   # before `import vllm`: WARNING unless set otherwise
+    apply_vllm_log_level()   # before `import vllm`: ERROR unless set otherwise
+    vllm_verbose()           # INFO or DEBUG: the engines show vLLM's weight-loading bar too
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import os
 import sys
 
-DEFAULT_LEVEL = "WARNING"
+DEFAULT_LEVEL = "ERROR"
 VERBOSE_LEVEL = "INFO"
 
 
@@ -28,8 +29,13 @@ def set_verbose(verbose: bool) -> None:
 
 
 def apply_vllm_log_level() -> None:
-    """Set vLLM's level (default WARNING) for this process and the engine processes it spawns."""
+    """Set vLLM's level (default ERROR) for this process and the engine processes it spawns."""
     os.environ.setdefault("VLLM_LOGGING_LEVEL", DEFAULT_LEVEL)
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "1")  # vLLM applies the level to its own handler
     if "vllm" in sys.modules:  # imported already (by the caller's own code): its loggers follow now
         logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+
+
+def vllm_verbose() -> bool:
+    """Whether vLLM logs at INFO or DEBUG (--verbose, or the user's own level)."""
+    return os.environ.get("VLLM_LOGGING_LEVEL", DEFAULT_LEVEL).upper() in ("INFO", "DEBUG")
