@@ -31,7 +31,7 @@ from hubgym.errors import RolloutNotFoundError, VerifierLoadError, Where
 from hubgym.rollout.tokens import ChatRenderer, TokenAudit
 from hubgym.rollout.tokens import audit_tokens as audit_row
 from hubgym.score.choice import VerifierArg, VerifierChoice, load_spec
-from hubgym.verifiers.contract import CUT_FINISHES, Verifier, last_reply_cut
+from hubgym.verifiers.contract import CUT_FINISHES, Verifier, last_reply_cut, stored_step_rewards
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence
     turns = [i for i, m in enumerate(completion) if m["role"] == "assistant"]
     if row["num_turns"] != len(turns):
         return Divergence(len(turns), "num_turns", row["num_turns"], len(turns)), 0
-    rewards = stored_step_rewards(row)
+    rewards = stored_step_rewards(row.get("metrics"))
     failed = row["error"] if (row.get("error") or {}).get("boundary") == "env" else None
     try:
         task, state, observation, stored = _reset(row, verifier)
@@ -150,16 +150,6 @@ def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence
     if not done and not row["truncated"] and not stopped and row["finish_reason"] not in CUT_FINISHES:
         return Divergence(last, "done", True, False), len(actions)  # stored as finished; the env had not ended it
     return None, len(actions)
-
-
-def stored_step_rewards(row: dict[str, Any]) -> dict[int, float] | None:
-    """{step index: reward} from the `step/<i>/reward` metrics; None for rows written before they were stored."""
-    found = {}
-    for m in row.get("metrics") or []:
-        parts = m["name"].split("/")
-        if len(parts) == 3 and parts[0] == "step" and parts[2] == "reward" and parts[1].isdigit():
-            found[int(parts[1])] = m["value"]
-    return found or None
 
 
 def _reset(row: dict[str, Any], verifier: Verifier) -> tuple[dict, Any, str, str | None]:

@@ -26,7 +26,7 @@ import pyarrow as pa
 from hubgym.score.choice import VerifierSpec, load_spec
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
-from hubgym.verifiers.contract import Verifier, last_reply_cut
+from hubgym.verifiers.contract import Verifier, last_reply_cut, stored_step_rewards
 
 SCORED_COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "error", "finish_reason", "metrics")
 METRICS_TYPE = ROLLOUT_SCHEMA.field("metrics").type
@@ -75,7 +75,8 @@ def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.Rec
                 continue
             task = {"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
                     "info": parse_json(info) if isinstance(info, str) else info}
-            cut = verifiers[env][0].multi_turn and last_reply_cut(completion, finish, _steps_stored(metrics))
+            multi = verifiers[env][0].multi_turn  # the step rewards are parsed only where they matter
+            cut = multi and last_reply_cut(completion, finish, _count(stored_step_rewards(metrics)))
             values.append(score_one(*verifiers[env], task, completion, cut=cut))
     columns = zip(*values) if values else [[] for _ in RESCORE_SCHEMA]
     return pa.RecordBatch.from_arrays([pa.array(list(c), f.type) for c, f in zip(columns, RESCORE_SCHEMA)],
@@ -91,10 +92,8 @@ def score_one(verifier: Verifier, spec: VerifierSpec, task: dict[str, Any], comp
     return score.reward, metrics, score.error, spec.module, spec.sha256
 
 
-def _steps_stored(metrics: list[dict] | None) -> int | None:
-    """How many `step/<i>/reward` metrics a row stored (None when it stored none: written before they were)."""
-    count = sum(1 for m in metrics or [] if m["name"].startswith("step/") and m["name"].endswith("/reward"))
-    return count or None
+def _count(rewards: dict | None) -> int | None:
+    return None if rewards is None else len(rewards)
 
 
 @contextmanager

@@ -120,6 +120,16 @@ def last_reply_cut(completion: list[Message], finish_reason: str | None, steps_s
     return finish_reason == "length" or steps_stored is None or steps_stored < len(actions_of(completion))
 
 
+def stored_step_rewards(metrics: list[dict] | None) -> dict[int, float] | None:
+    """{step index: reward} from a row's `step/<i>/reward` metrics; None for rows written before they were stored."""
+    found = {}
+    for m in metrics or []:
+        parts = m["name"].split("/")
+        if len(parts) == 3 and parts[0] == "step" and parts[2] == "reward" and parts[1].isdigit():
+            found[int(parts[1])] = m["value"]
+    return found or None
+
+
 class Verifier:
     """A loaded, validated verifier module."""
 
