@@ -21,3 +21,19 @@ def tiny_model(tmp_path_factory) -> Path:
     from hubgym.rollout.tiny_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct as a model folder: converted once into the hubgym cache (locked across workers)."""
+    from hubgym.smollm2 import smollm2_folder
+
+    return smollm2_folder(progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_model):
+    """The real SmolLM2 tokenizer and ChatML template, loaded once per worker."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_model)
