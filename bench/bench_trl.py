@@ -68,7 +68,7 @@ def make_model(name: str, root: Path) -> Path:
 def run_hubgym(args, model: Path, out: Path, async_steps: int = 0) -> list[dict]:
     from rich.console import Console
 
-    from hubgym.train.config import load_config
+    from hubgym.train.config import TINY_CONFIG, load_config
     from hubgym.train.trainer import Trainer
 
     sets = [f"model={model}", f"output_dir={out}",  # envs: the default, arithmetic:tiny (ENV)
@@ -77,7 +77,7 @@ def run_hubgym(args, model: Path, out: Path, async_steps: int = 0) -> list[dict]
             f"loss.variant={args.loss}", f"optim.lr={args.lr}", "optim.bf16=false",
             "grpo.zero_variance=keep",  # TRL trains on every group, zero-advantage ones too
             f"online.async_steps={async_steps}", f"loss.max_staleness={async_steps}"]
-    trainer = Trainer(load_config(None, sets), console=Console(file=open(os.devnull, "w")))
+    trainer = Trainer(load_config(TINY_CONFIG, sets), console=Console(file=open(os.devnull, "w")))
     try:
         result = trainer.run()
     finally:

@@ -145,10 +145,10 @@ def _push_env(hub: Path, console: Console) -> str:
 
 
 def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, console: Console):
-    from hubgym.train.config import load_config
+    from hubgym.train.config import TINY_CONFIG, load_config
     from hubgym.train.trainer import Trainer
 
-    cfg = load_config(None, [f"model={model}", f"output_dir={settings.out / 'train'}",
+    cfg = load_config(TINY_CONFIG, [f"model={model}", f"output_dir={settings.out / 'train'}",
                              f"online.steps={settings.online_steps}",
                              f"optim.lr={settings.lr}", f"grpo.n={settings.rollout_n}", "eval.limit=25", "eval.n=4",
                              "log.every=20", "online.push=demo/rollouts"])

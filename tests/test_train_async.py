@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.rollout.engines import VLLMEngine
-from hubgym.train.config import load_config
+from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,7 @@ def engine(tiny_model):
 
 
 def config(model, out):
-    return load_config(None, [f"model={model}", f"output_dir={out}", f"online.steps={STEPS}", "online.async_steps=1",
+    return load_config(TINY_CONFIG, [f"model={model}", f"output_dir={out}", f"online.steps={STEPS}", "online.async_steps=1",
                               "online.sync_every=3",
                               "checkpoint_every=2", "eval.limit=0", "log.every=1000", "batch.groups_per_step=2",
                               "grpo.n=4", "grpo.zero_variance=keep"])

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from hubgym.hub.rollouts import iter_rollouts
-from hubgym.train.config import load_config
+from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -39,7 +39,7 @@ def kill_engine_core() -> int:
 
 
 def test_a_lost_engine_is_restarted_and_periodic_eval_runs(tiny_model, tmp_path, monkeypatch):
-    cfg = load_config(None, [f"model={tiny_model}", f"output_dir={tmp_path}", f"online.steps={STEPS}",
+    cfg = load_config(TINY_CONFIG, [f"model={tiny_model}", f"output_dir={tmp_path}", f"online.steps={STEPS}",
                              "online.sync_every=1", "eval.limit=4", "eval.n=1", "eval.every=2", "log.every=1000",
                              "batch.groups_per_step=2", "grpo.n=4"])
     killed: list[int] = []

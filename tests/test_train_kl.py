@@ -13,7 +13,7 @@ from rich.console import Console
 
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.rollout.writer import ShardWriter
-from hubgym.train.config import load_config
+from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 
 from test_hub_rollouts import make_run
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 def kl_run(settings: list[str]) -> tuple[list[dict], Trainer]:
     """Train with `settings`; the logged steps that trained, and the trainer (closed)."""
-    trainer = Trainer(load_config(None, settings), console=Console(file=io.StringIO()))
+    trainer = Trainer(load_config(TINY_CONFIG, settings), console=Console(file=io.StringIO()))
     try:
         result = trainer.run()
     finally:

@@ -12,7 +12,7 @@ import pytest
 from rich.console import Console
 
 from hubgym.train import checkpoint
-from hubgym.train.config import load_config
+from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 
 from test_hub_rollouts import make_run
@@ -34,7 +34,7 @@ def run(model, rollouts, out):
     sets = [f"model={model}", f"output_dir={out}", f"offline.sources=[{rollouts}]", f"offline.steps={STEPS}",
             "eval.limit=0", "checkpoint_every=2", "batch.groups_per_step=2", "grpo.n=2", "log.every=1000",
             "loss.max_staleness=0"]  # stored rows are version 0: a step counter would call them stale from step 1
-    trainer = Trainer(load_config(None, sets), console=Console(file=io.StringIO()))
+    trainer = Trainer(load_config(TINY_CONFIG, sets), console=Console(file=io.StringIO()))
     try:
         return trainer.run()
     finally:

@@ -19,8 +19,9 @@ from hubgym.cli.app import HUB_HELP, PIN_HELP, Verbose, app, console, parse_pin_
 
 @app.command()
 @user_errors
-def train(config: Annotated[Optional[Path], typer.Argument(help="training config (YAML) [default: the built-in "
-                                                           "defaults]")] = None,
+def train(config: Annotated[Optional[Path], typer.Argument(help="training config: a YAML file or the name of a "
+                                                           "shipped one (tiny, ...) [default: the built-in defaults, "
+                                                           "for a pretrained model on a GPU]")] = None,
           set_: Annotated[Optional[list[str]], typer.Option("--set", help="override an option, key.sub=value "
                                                             "(repeatable)")] = None,
           options: Annotated[bool, typer.Option("--options", help="list every option and exit")] = False,

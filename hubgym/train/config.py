@@ -1,6 +1,7 @@
 """The training config: one YAML file, every option documented, `--set key=value` overrides.
 
     cfg = load_config("train.yaml", ["online.steps=10", "loss.variant=dapo"])
+    cfg = load_config("tiny")   # a shipped config by name (hubgym/train/configs/tiny.yaml): `shipped_configs()`
 
 Each option's description lives next to it (`Field(description=...)`): `hubgym train --options`
 prints them all as a table, so the docs cannot drift from the code. Unknown keys are refused
@@ -53,13 +54,14 @@ class Online(Section):
     split: str = Field("train", description="split the online tasks come from")
     push: str | None = Field(None, description="also push the online rollouts (OUT/online) to this rollout repo, "
                              "as config 'online', at every checkpoint and at the end")
-    max_model_len: int = Field(1024, ge=16, description="vLLM context length")
+    max_model_len: int = Field(4096, ge=16, description="vLLM context length (prompt + every turn); at most the "
+                               "model's max_position_embeddings")
 
 
 class Sampling(Section):
     temperature: float = Field(1.0, ge=0, description="sampling temperature of online rollouts")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of online rollouts")
-    max_tokens: int = Field(16, ge=1, description="tokens per turn")
+    max_tokens: int = Field(1024, ge=1, description="tokens per turn")
 
 
 class Grpo(Section):
@@ -90,12 +92,12 @@ class Loss(Section):
 
 class Batch(Section):
     groups_per_step: int = Field(8, ge=1, description="GRPO groups per optimizer step (global batch); online: tasks sampled per step")
-    micro_batch_tokens: int = Field(4096, ge=64, description="token budget of one micro-batch (padding included)")
+    micro_batch_tokens: int = Field(8192, ge=64, description="token budget of one micro-batch (padding included)")
     buffer_groups: int = Field(256, ge=1, description="incomplete groups held while streaming (memory bound)")
 
 
 class Optim(Section):
-    lr: float = Field(2e-3, gt=0, description="AdamW learning rate (constant)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (peak)")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage")
@@ -196,9 +198,21 @@ class ConfigError(HubgymError, ValueError):
     """A config file or override that cannot be used; the message says which key and how to fix it."""
 
 
+SHIPPED = Path(__file__).with_name("configs")
+TINY_CONFIG = SHIPPED / "tiny.yaml"  # the tiny local model's values; the built-in defaults are a real model's
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The configs that come with hubgym, by name (`hubgym train NAME` finds them when no such file exists)."""
+    return {p.stem: p for p in sorted(SHIPPED.glob("*.yaml"))}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read YAML (or start from the defaults), apply `key.sub=value` overrides, validate."""
+    """Read YAML (or start from the defaults), apply `key.sub=value` overrides, validate. `path` may also name a
+    shipped config ('tiny', ...) when no file of that name exists."""
     data: dict[str, Any] = {}
+    if path is not None and not Path(path).exists() and str(path) in shipped_configs():
+        path = shipped_configs()[str(path)]
     if path is not None:
         try:
             data = yaml.safe_load(Path(path).read_text()) or {}
