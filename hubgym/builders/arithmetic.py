@@ -9,14 +9,19 @@ Reward:
     the reply has an <answer> tag.
 Arguments:
     configs easy (1-digit, + -), medium (2-digit, + - *), hard (3 operands up to 3 digits),
-    tiny (the 25 sums of 0..4, for training demos with a tiny model);
+    tiny (the 25 sums of 0..4, for training demos with a tiny model),
+    sums (the 100 one-digit sums, asked "Reply with just the number." with no system prompt, so a chat
+    model's own system prompt applies; a fixed quarter of them, by hash, is the held-out test split: the
+    config a small pretrained model such as SmolLM2-135M gets right about a quarter of the time);
     TaskConfig.seed and TaskConfig.sizes.
 Version history:
-    v1: first release.
+    v1: first release; the `sums` config added later (the other configs' rows are unchanged).
 """
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import random
 from dataclasses import dataclass
 from typing import Iterator
@@ -32,6 +37,8 @@ class ArithmeticConfig(TaskConfig):
     max_value: int = 9  # operands are drawn from [0, max_value]
     operators: str = "+-"
     operands: int = 2
+    plain: bool = False  # no system prompt and no answer tag: "What is X? Reply with just the number."
+    held_out: bool = False  # every expression, with a fixed quarter (by hash) in `test` only; sizes cap each split
 
 
 class Arithmetic(TaskBuilder):
@@ -48,18 +55,44 @@ class Arithmetic(TaskBuilder):
         # learn something with GRPO in minutes on a CPU (the demo's training env). Its test split is the
         # same task space, so it measures the policy, not generalization.
         ArithmeticConfig(name="tiny", max_value=4, operators="+", sizes={"train": 25, "test": 25}),
+        # The 100 one-digit sums in plain words, split 68 / 32 with no task in both: GRPO on a pretrained chat
+        # model (hubgym train smollm2-sums) learns to answer with the number, measured on unseen sums.
+        ArithmeticConfig(name="sums", max_value=9, operators="+", plain=True, held_out=True,
+                         sizes={"train": 68, "test": 32}),
     ]
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:
+        if self.config.held_out:
+            yield from self._held_out_split(split, size, seed)
+            return
         rng, seen = random.Random(seed), set()
         while len(seen) < size:
             expression = self._expression(rng)
             if expression in seen:
                 continue
             seen.add(expression)
-            info = {"expression": expression, "answer": str(_evaluate(expression))}
-            yield make_task(self.ENV, [system(SYSTEM), user(f"What is {expression}?")], info,
-                            difficulty=self.config.name)
+            yield self._task(expression)
+
+    def _task(self, expression: str) -> Task:
+        info = {"expression": expression, "answer": str(_evaluate(expression))}
+        if self.config.plain:
+            prompt = [user(f"What is {expression}? Reply with just the number.")]
+        else:
+            prompt = [system(SYSTEM), user(f"What is {expression}?")]
+        return make_task(self.ENV, prompt, info, difficulty=self.config.name)
+
+    def _held_out_split(self, split: str, size: int, seed: int) -> Iterator[Task]:
+        """Every expression of the config, in `test` when its hash falls in a fixed quarter and in every other
+        split otherwise, shuffled by the split's seed; at most `size` of them."""
+        cfg = self.config
+        values = range(cfg.max_value + 1)
+        expressions = [_join(combo, ops)
+                       for combo in itertools.product(values, repeat=cfg.operands)
+                       for ops in itertools.product(cfg.operators, repeat=cfg.operands - 1)]
+        mine = [e for e in expressions if (_quarter(e) == 0) == (split == "test")]
+        random.Random(seed).shuffle(mine)
+        for expression in mine[:size]:
+            yield self._task(expression)
 
     def _expression(self, rng: random.Random) -> str:
         cfg = self.config
@@ -67,6 +100,15 @@ class Arithmetic(TaskBuilder):
         for _ in range(cfg.operands - 1):
             terms += [rng.choice(cfg.operators), str(rng.randint(0, cfg.max_value))]
         return " ".join(terms)
+
+
+def _join(values: tuple[int, ...], ops: tuple[str, ...]) -> str:
+    return " ".join([str(values[0])] + [f"{op} {v}" for op, v in zip(ops, values[1:])])
+
+
+def _quarter(expression: str) -> int:
+    """A stable 0..3 for an expression (sha256, not Python's salted hash): 0 means held out."""
+    return int(hashlib.sha256(expression.encode()).hexdigest(), 16) % 4
 
 
 def _evaluate(expression: str) -> int:

@@ -7,11 +7,15 @@ success, answer-format and tool-call parse failures, truncation, empty replies, 
 of rows with a tool call whose text did not parse.
 `evaluate(...)` samples each env's held-out split with the engine serving the current weights,
 writes the rows as a normal rollout run (so `hubgym report` reads them), and returns
-`eval/<env>/{reward, pass@1, pass@k}`.
+`eval/<env>/{reward, reward_ci95, pass@1, pass@k, truncated}`. `reward_ci95` is the half-width of a 95%
+confidence interval of the mean reward with the task as the unit (a task's n samples are not independent
+draws: they share its difficulty), so a change in reward larger than both intervals is more than noise.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -73,4 +77,22 @@ def evaluate(engine, envs: list[str], *, model: str, out: Path, step: int, split
         for name in ("mean_reward", "pass@1", "pass@k", "truncated"):
             label = "reward" if name == "mean_reward" else name
             metrics[f"eval/{row['env']}/{label}"] = row[name]
+    for env, half_width in reward_ci95(config.out).items():
+        metrics[f"eval/{env}/reward_ci95"] = half_width
     return metrics
+
+
+def reward_ci95(run: str | Path) -> dict[str, float]:
+    """Per env: 1.96 standard errors of the mean reward over tasks (each task's mean over its samples);
+    NaN with fewer than two tasks."""
+    from hubgym.hub.rollout_reader import iter_rollouts
+
+    by_task: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in iter_rollouts(run):
+        if row.get("reward") is not None:
+            by_task[row["env"]][row["task_id"]].append(row["reward"])
+    out = {}
+    for env, tasks in by_task.items():
+        means = [sum(r) / len(r) for r in tasks.values()]
+        out[env] = 1.96 * statistics.stdev(means) / math.sqrt(len(means)) if len(means) > 1 else float("nan")
+    return out
