@@ -118,7 +118,9 @@ class VLLMEngine:
 
     name, token_in = "vllm", True
 
-    def __init__(self, model: str, *, max_model_len: int | None = 1024, seed: int = 0, **engine_args: Any):
+    def __init__(self, model: str, *, max_model_len: int | None = 1024, seed: int = 0, dtype: str = "auto",
+                 gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
+                 enable_sleep_mode: bool = False, **engine_args: Any):
         from hubgym.models import context_length
 
         # None: the model's own limit; one past it is refused here, not deep inside vLLM's config validation.
@@ -129,12 +131,14 @@ class VLLMEngine:
         import vllm
 
         self.model, self.max_model_len, self.version = model, max_model_len, vllm.__version__
+        settings = engine_settings(dtype, gpu_memory_utilization, tensor_parallel_size, enable_sleep_mode)
         # Per-request seeds make runs reproducible; vLLM's CPU sampler cannot rewind a seeded generator
         # after a partial (chunked) prefill, so prompts are prefilled whole.
-        defaults = {"dtype": "float32", "enable_chunked_prefill": False,
-                    "max_num_batched_tokens": max(8192, max_model_len), "use_tqdm_on_load": vllm_verbose()}
+        defaults = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len),
+                    "use_tqdm_on_load": vllm_verbose()}
         self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
-                         **defaults, **engine_args}  # kept so `restart` builds the same engine
+                         **defaults, **settings, **engine_args}  # kept so `restart` builds the same engine
+        self.sleeping = False  # put to sleep by `sleep` (enable_sleep_mode): wake it before generating
         self.policy_version = 0  # the version of the weights served (set by `load_weights`)
         self.weights_path: str | None = None  # the folder they were loaded from; None: `model`'s own weights
         self._start()
@@ -268,6 +272,19 @@ class VLLMEngine:
         self.llm.llm_engine.set_weight_version(str(policy_version))
         self.weights_path, self.policy_version = str(folder), policy_version
 
+    def sleep(self) -> None:
+        """Free the GPU memory vLLM holds while the trainer steps (enable_sleep_mode): level 1 moves the weights
+        to CPU memory and drops the KV cache. Only between generate calls: nothing may be running."""
+        if self.llm_args.get("enable_sleep_mode") and not self.sleeping:
+            self.llm.sleep(level=1)
+            self.sleeping = True
+
+    def wake_up(self) -> None:
+        """Bring the weights back and re-allocate the KV cache after `sleep`; a no-op when awake."""
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
     def alive(self) -> bool:
         """False once the engine is closed or a vLLM engine-core process (the model runs there) has died."""
         if self.llm is None:
@@ -289,6 +306,52 @@ class VLLMEngine:
 
     def close(self) -> None:
         self.llm = None  # vLLM shuts its engine core down when the LLM is collected
+
+
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
+def engine_settings(dtype: str = "auto", gpu_memory_utilization: float | None = None, tensor_parallel_size: int = 1,
+                    enable_sleep_mode: bool = False, *, setting: str = "vllm.") -> dict[str, Any]:
+    """vLLM engine arguments for this machine, checked before vLLM sees them: a value it would refuse deep in its
+    start-up (or, for a GPU count, hang on) is one line naming the setting (`setting` prefixes the names: "vllm."
+    in a train config, "--" on the command line). dtype "auto" is vLLM's choice on a GPU (bfloat16 for an fp32
+    checkpoint) but float32 on a CPU: vLLM's CPU backend would pick bfloat16 too, and rollouts there have always
+    been sampled in the checkpoint's float32."""
+    from vllm.platforms import current_platform
+
+    def name(key: str) -> str:
+        return setting + (key.replace("_", "-") if setting == "--" else key)
+
+    if dtype not in DTYPES:
+        raise EngineError(f"{name('dtype')}={dtype!r} is not a vLLM dtype; use one of {', '.join(DTYPES)}")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise EngineError(f"{name('gpu_memory_utilization')}={gpu_memory_utilization} must be in (0, 1], the share "
+                          f"of the GPU's memory vLLM takes; e.g. 0.3 beside a trainer, 0.9 alone")
+    gpus = _visible_gpus(current_platform)
+    if tensor_parallel_size < 1 or tensor_parallel_size > max(gpus, 1):
+        where = f"{gpus} visible GPU(s)" if gpus else "no GPU (vLLM runs on the CPU here)"
+        raise EngineError(f"{name('tensor_parallel_size')}={tensor_parallel_size} needs that many GPUs, but this "
+                          f"machine has {where}; set it to {max(gpus, 1)} or less (CUDA_VISIBLE_DEVICES limits them)")
+    if enable_sleep_mode and not current_platform.is_sleep_mode_available():
+        raise EngineError(f"{name('enable_sleep_mode')}: vLLM's {current_platform.device_name} backend has no sleep "
+                          f"mode (CUDA and ROCm GPUs do); leave it off here")
+    args: dict[str, Any] = {"dtype": "float32" if dtype == "auto" and current_platform.is_cpu() else dtype,
+                            "tensor_parallel_size": tensor_parallel_size}
+    if gpu_memory_utilization is not None:
+        args["gpu_memory_utilization"] = gpu_memory_utilization
+    if enable_sleep_mode:
+        args["enable_sleep_mode"] = True
+    return args
+
+
+def _visible_gpus(platform: Any) -> int:
+    """GPUs vLLM could use here: 0 on its CPU backend."""
+    if platform.is_cpu():
+        return 0
+    import torch
+
+    return torch.accelerator.device_count() if hasattr(torch, "accelerator") else torch.cuda.device_count()
 
 
 @contextlib.contextmanager

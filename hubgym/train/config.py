@@ -98,10 +98,20 @@ class Batch(Section):
 
 class Optim(Section):
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate (peak)")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="learning-rate schedule "
+                                                               "after warmup: constant, or linear / cosine decay "
+                                                               "to min_lr_ratio x lr at the run's last step")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from lr/warmup_steps to lr over this many "
+                              "optimizer updates")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1, description="where linear / cosine decay ends, as a fraction "
+                                "of lr")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
     max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
     zero_stage: Literal[2, 3] = Field(2, description="DeepSpeed ZeRO stage")
-    bf16: Literal["auto", "true", "false"] = Field("auto", description="bf16 where supported ('auto'), or true / false")
+    bf16: Literal["auto", "true", "false"] = Field("auto", description="bf16 weights and activations with fp32 "
+                                                   "master weights and AdamW state in DeepSpeed's ZeRO optimizer; "
+                                                   "'auto': on GPUs that support bf16, fp32 on CPUs (true also "
+                                                   "trains on a CPU, slower there than fp32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
 
     @field_validator("bf16", mode="before")
@@ -109,6 +119,17 @@ class Optim(Section):
     def _yaml_boolean(cls, value: Any) -> Any:
         """YAML reads `bf16: false` (and `--set optim.bf16=false`) as a boolean."""
         return str(value).lower() if isinstance(value, bool) else value
+
+
+class Lora(Section):
+    r: int = Field(0, ge=0, description="LoRA rank (peft); 0 = full fine-tuning. Only the adapters train; vLLM, "
+                   "the export and evaluation get the merged weights")
+    alpha: float = Field(32.0, gt=0, description="LoRA scale numerator: the update is alpha / r x B @ A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (0 keeps the trained "
+                           "policy's logprobs deterministic, as the importance ratios assume)")
+    target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                       "down_proj"], description="names (or regexes) of the linear modules that "
+                                      "get adapters")
 
 
 class Eval(Section):
@@ -126,6 +147,49 @@ class Log(Section):
     wandb: bool = Field(False, description="also log to Weights & Biases (pip install wandb)")
 
 
+class Vllm(Section):
+    """Where online rollouts are sampled and how vLLM runs. `local`: vLLM's offline engine in the trainer's
+    process, on the trainer's GPU (colocated); `server`: a separate vLLM server (other GPUs or machines) that
+    the trainer samples from and pushes its weights to."""
+
+    engine: Literal["local", "server"] = Field("local", description="local: vLLM in the trainer's process; server: "
+                                               "a vLLM server at vllm.base_url (started with VLLM_SERVER_DEV_MODE=1)")
+    base_url: str | None = Field(None, description="the server's OpenAI base URL, e.g. http://10.0.0.2:8000/v1 "
+                                 "(vllm.engine server)")
+    weight_transfer: Literal["file", "nccl"] = Field("file", description="server: how weights reach it. file: a "
+                                                     "safetensors file in vllm.sync_dir that the server reloads; "
+                                                     "nccl: vLLM's NCCL weight transfer, GPU to GPU (server started "
+                                                     "with --weight-transfer-config '{\"backend\": \"nccl\"}')")
+    sync_dir: str | None = Field(None, description="server, file transfer: a folder the trainer writes and the "
+                                 "server reads at the same path, e.g. on a shared disk [default: OUT/sync]")
+    nccl_address: str | None = Field(None, description="server, nccl transfer: this trainer's address as the "
+                                     "server's workers reach it [default: the address that routes to the server]")
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="local: weights and "
+                                                                     "activations in vLLM; auto: vLLM's choice on a "
+                                                                     "GPU (bfloat16 for an fp32 checkpoint), "
+                                                                     "float32 on a CPU")
+    gpu_memory_utilization: float = Field(0.3, gt=0, le=1, description="local: share of the GPU's memory vLLM "
+                                          "takes (weights + KV cache); the rest is the trainer's")
+    tensor_parallel_size: int = Field(1, ge=1, description="local: GPUs one vLLM engine spans")
+    enable_sleep_mode: bool = Field(False, description="local, GPU only: vLLM sleeps (weights to CPU memory, KV "
+                                    "cache freed) while the trainer steps, and wakes for rollouts")
+
+    @model_validator(mode="after")
+    def _server_needs_url(self) -> Vllm:
+        """A server run needs the URL; local-engine settings would be silently ignored by a server."""
+        if self.engine == "server":
+            if not self.base_url:
+                raise ValueError("vllm.engine=server needs vllm.base_url, the server's OpenAI base URL "
+                                 "(e.g. --set vllm.base_url=http://127.0.0.1:8000/v1)")
+            local = sorted(self.model_fields_set & {"dtype", "gpu_memory_utilization", "tensor_parallel_size",
+                                                    "enable_sleep_mode"})
+            if local:
+                raise ValueError(f"vllm.{local[0]} sets the trainer's own vLLM engine, but vllm.engine=server "
+                                 f"samples from a server; give it on the server's command line (--"
+                                 f"{local[0].replace('_', '-')}) and remove vllm.{local[0]}")
+        return self
+
+
 class TrainConfig(Section):
     model: str = Field("tiny", description="model folder; 'tiny' makes the tiny local model")
     output_dir: str = Field("runs/train", description="checkpoints, shards, metrics, plots")
@@ -141,8 +205,10 @@ class TrainConfig(Section):
     loss: Loss = Field(default_factory=Loss)
     batch: Batch = Field(default_factory=Batch)
     optim: Optim = Field(default_factory=Optim)
+    lora: Lora = Field(default_factory=Lora)
     eval: Eval = Field(default_factory=Eval)
     log: Log = Field(default_factory=Log)
+    vllm: Vllm = Field(default_factory=Vllm)
 
     @property
     def total_steps(self) -> int:
