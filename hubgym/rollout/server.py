@@ -42,19 +42,23 @@ class VLLMServer:
     chunked_prefill: leave off with per-request seeds on the CPU build (see `command`);
     enforce_eager: skip torch.compile (faster start, slower decoding: tests want it, benchmarks not);
     log_path: the server's stdout+stderr (default: the temp dir); extra_args: more CLI flags; env: more
-    environment variables for the server (e.g. VLLM_CPU_KVCACHE_SPACE).
+    environment variables for the server (e.g. VLLM_CPU_KVCACHE_SPACE); dev_mode: vLLM's development and RL
+    routes (/collective_rpc, /reset_prefix_cache, /pause, /update_weights, ...: VLLM_SERVER_DEV_MODE=1), which a
+    trainer needs to push weights into the server (hubgym.train.remote_sync); never expose such a server;
+    served_model_name: the name clients ask for (default: `model` as given).
     """
 
     def __init__(self, model: str | Path, *, port: int | None = None, host: str = "127.0.0.1",
                  max_model_len: int = 2048, dtype: str = "float32", tool_parser: str | None = "hermes",
                  chunked_prefill: bool = False, enforce_eager: bool = False, log_path: str | Path | None = None,
                  startup_timeout_s: float = 300.0, extra_args: list[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, dev_mode: bool = False, served_model_name: str | None = None):
         self.model, self.host, self.port = str(model), host, port or free_port()
         self.max_model_len, self.dtype, self.tool_parser = max_model_len, dtype, tool_parser
         self.chunked_prefill, self.enforce_eager = chunked_prefill, enforce_eager
         self.log_path = Path(log_path) if log_path else Path(tempfile.gettempdir()) / f"hubgym-vllm-{self.port}.log"
         self.startup_timeout_s, self.extra_args, self.env = startup_timeout_s, list(extra_args or []), env or {}
+        self.dev_mode, self.served_model_name = dev_mode, served_model_name
         self.process: subprocess.Popen | None = None
         self._log: IO[bytes] | None = None
 
@@ -75,7 +79,13 @@ class VLLMServer:
             cmd.append("--enforce-eager")
         if self.tool_parser:
             cmd += ["--enable-auto-tool-choice", "--tool-call-parser", self.tool_parser]
+        if self.served_model_name:
+            cmd += ["--served-model-name", self.served_model_name]
         return cmd + self.extra_args
+
+    def environment(self) -> dict[str, str]:
+        """The server's environment: this process's, `env`, and the dev-mode switch."""
+        return {**os.environ, **self.env, **({"VLLM_SERVER_DEV_MODE": "1"} if self.dev_mode else {})}
 
     def start(self) -> "VLLMServer":
         """Launch the server and block until it answers, or raise EngineError (the process is stopped)."""
@@ -84,7 +94,7 @@ class VLLMServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.process = subprocess.Popen(self.command(), stdout=self._log, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                        stdin=subprocess.DEVNULL, env=self.environment(),
                                         start_new_session=True)  # own process group: engine core included
         try:
             self._wait_ready()
