@@ -6,8 +6,10 @@
     context_length("runs/m", None)               # the model's own limit: max_position_embeddings in config.json
     context_length("runs/m", 8192)               # 8192, or ContextLengthError naming both numbers if it has fewer
 
-A name that is no folder here and looks like `org/name` is looked up on the Hub (its config.json only), so
-a typo fails at once with one line instead of inside transformers or vLLM.
+A name that is no folder here and looks like `org/name[@revision]` is a Hub model: it resolves to its folder in
+the Hugging Face cache (downloaded when online, read from the cache when offline), so engines, the trainer and
+the token audit only ever see folders, and a typo or a missing offline copy fails at once with one line
+instead of inside transformers or vLLM.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 from hubgym.errors import ContextLengthError, ModelNotFoundError
 
 TINY = "tiny"
-EMBEDDED = (TINY, "smollm2-135m")  # the models hubgym makes itself, offline; `hubgym models`-style names
 FALLBACK_CONTEXT = 4096  # when the model's config.json cannot be read (a Hub model not fetched here)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
@@ -46,29 +47,45 @@ def resolve_model(model: str, *, setting: str = "--model", needs: tuple[str, ...
         what = f"holds no {' or '.join(needs)}" if path.is_dir() else "is a file"
         raise ModelNotFoundError(f"{setting} {model}: the path {what}, so it is no model folder; {fix}",
                                  setting=setting, model=model)
-    if _HUB_ID.fullmatch(model) and not Path(model.split("/")[0]).is_dir():  # runs/m with runs/ here: a path
-        problem = _hub_problem(model, needs)
-        if problem is None:
-            return model
-        raise ModelNotFoundError(f"{setting} {model}: no such folder here, and {problem}; {fix}",
-                                 setting=setting, model=model)
+    repo, _, revision = model.partition("@")
+    if _HUB_ID.fullmatch(repo) and not Path(repo.split("/")[0]).is_dir():  # runs/m with runs/ here: a path
+        return str(hub_model_folder(repo, revision or None, needs=needs, setting=setting, fix=fix))
     raise ModelNotFoundError(f"{setting} {model}: no such folder; {fix}", setting=setting, model=model)
 
 
-def _hub_problem(repo: str, needs: tuple[str, ...]) -> str | None:
-    """None if the Hub (or its cache, offline) has the model's first file of `needs`; else why not, in a few words."""
-    from huggingface_hub import hf_hub_download
+WEIGHT_FILES = ["*.safetensors", "*.safetensors.index.json"]
+SIDE_FILES = ["*.json", "*.jinja", "*.model", "*.txt", "*.tiktoken"]  # config, tokenizer, template, vocab
 
+
+def hub_model_folder(repo: str, revision: str | None, *, needs: tuple[str, ...] = ("config.json",),
+                     setting: str = "--model", fix: str = "") -> Path:
+    """The Hugging Face cache's snapshot folder of a Hub model (`org/name`, at `revision`, default main): read
+    from the cache when offline (HF_HUB_OFFLINE=1), downloaded into it when online. Weights are fetched only when
+    `needs` asks for config.json (a model to run); a tokenizer for the token audit needs the side files alone."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    patterns = SIDE_FILES + (WEIGHT_FILES if "config.json" in needs else [])
+    name = f"{repo}@{revision}" if revision else repo
     logger = logging.getLogger("huggingface_hub")
     level = logger.level
     logger.setLevel(logging.ERROR)  # its retry notices would bury the one line this ends in
     try:
-        hf_hub_download(repo, needs[0])
-    except Exception as exc:  # offline, not found, gated, the network: each is a reason this model cannot load
-        return f"no Hub model {repo} could be read ({type(exc).__name__})"
+        folder = Path(snapshot_download(repo, revision=revision, allow_patterns=patterns))
+    except LocalEntryNotFoundError:
+        raise ModelNotFoundError(f"{setting} {name}: the Hub cannot be reached (offline: HF_HUB_OFFLINE is set, or "
+                                 f"no network) and the Hugging Face cache holds no copy of it; download it once "
+                                 f"while online (`hf download {repo}`), or give a local model folder",
+                                 setting=setting, model=name) from None
+    except Exception as exc:  # not found, gated, a revision that does not exist: this model cannot load
+        raise ModelNotFoundError(f"{setting} {name}: no Hub model {name} could be read ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0][:200]}); {fix}", setting=setting, model=name) from None
     finally:
         logger.setLevel(level)
-    return None
+    if not any((folder / n).is_file() for n in needs):
+        raise ModelNotFoundError(f"{setting} {name}: its files hold no {' or '.join(needs)}, so it is no model; "
+                                 f"{fix}", setting=setting, model=name)
+    return folder
 
 
 def model_positions(model: str) -> int | None:

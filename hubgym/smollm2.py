@@ -47,6 +47,8 @@ def smollm2_folder(*, setting: str = "--model", progress: bool = True) -> Path:
 
     with FileLock(str(out) + ".lock"):
         if not _complete(out):  # another process may have converted it while this one waited
+            for stale in out.parent.glob(f".{out.name}-*"):  # a conversion killed part way (under this lock)
+                shutil.rmtree(stale, ignore_errors=True)
             if progress:
                 print(f"hubgym: converting {GGUF_FILE} ({PACKAGE} {VERSION}) into {out} (once)", flush=True)
             convert(gguf, out, setting=setting)

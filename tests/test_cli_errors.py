@@ -99,7 +99,7 @@ CASES = [
     ("rollout-not-a-model", ["rollout", "arithmetic", "--model", f"{W}/not-a-model"],
      "holds no config.json, so it is no model folder"),
     ("rollout-offline-hub-model", ["rollout", "arithmetic", "--model", "no-such-org/no-such-model"],
-     "no Hub model no-such-org/no-such-model could be read"),
+     "--model no-such-org/no-such-model: the Hub cannot be reached"),
     ("rollout-context-too-long", ["rollout", "arithmetic", "--model", f"{W}/model-2048", "--max-model-len", "4096"],
      "--max-model-len 4096 is more than the 2048 positions of the model"),
     ("rollout-openai-without-url", ["rollout", "arithmetic", "--engine", "openai", "--model", "m"],
