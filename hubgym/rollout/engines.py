@@ -135,7 +135,8 @@ class VLLMEngine:
         # Per-request seeds make runs reproducible; vLLM's CPU sampler cannot rewind a seeded generator
         # after a partial (chunked) prefill, so prompts are prefilled whole.
         defaults = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len),
-                    "use_tqdm_on_load": vllm_verbose()}
+                    "use_tqdm_on_load": vllm_verbose(),
+                    "worker_extension_cls": "hubgym.train.vllm_receiver.WeightReceiver"}  # in-memory weight sync
         self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
                          **defaults, **settings, **engine_args}  # kept so `restart` builds the same engine
         self.sleeping = False  # put to sleep by `sleep` (enable_sleep_mode): wake it before generating

@@ -4,7 +4,8 @@
     client = load_checkpoint(policy, out / "checkpoints")   # {"step": 12, "stream": {...}, ...} or None
 
 ROOT holds:
-    step-000012/            complete: DeepSpeed's files, client.json, rng-rank-00000.pt (one per rank)
+    step-000012/            complete: DeepSpeed's files (weights -- with LoRA only the adapters --, AdamW state,
+                            the lr scheduler's step), client.json, rng-rank-00000.pt (one per rank)
     latest.json             {"tag": "step-000012", "step": 12}, for people and tools
     .partial-step-000013/   a save in progress, or one a killed run left: never loaded, removed by the next save
 
@@ -59,7 +60,9 @@ def save_checkpoint(policy, root: str | Path, step: int, stream: dict[str, Any],
         shutil.rmtree(partial, ignore_errors=True)
         root.mkdir(parents=True, exist_ok=True)
     _barrier()
-    policy.engine.save_checkpoint(str(partial), tag=tag, save_latest=False)  # -> partial/tag/...
+    lora = getattr(policy, "lora", False)  # LoRA: the adapters and their AdamW state; the base is the model folder
+    policy.engine.save_checkpoint(str(partial), tag=tag, save_latest=False,
+                                  exclude_frozen_parameters=lora)  # -> partial/tag/...
     (partial / tag).mkdir(parents=True, exist_ok=True)
     torch.save(rng_state(), partial / tag / f"rng-rank-{policy.rank:05d}.pt")
     _barrier()
@@ -87,7 +90,8 @@ def load_checkpoint(policy, root: str | Path) -> dict[str, Any] | None:
                           f"{policy.world_size}: resume with {client['world_size']} processes, or convert it with "
                           "DeepSpeed's universal checkpoint tools")
     loaded, _ = policy.engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                              load_lr_scheduler_states=True)
+                                              load_lr_scheduler_states=True,  # the schedule goes on where it was
+                                              load_module_strict=not getattr(policy, "lora", False))
     if loaded is None:
         raise ConfigError(f"DeepSpeed could not load checkpoint {path}; move that folder away to resume from "
                           "the one before it, or remove the whole checkpoint folder to start over")

@@ -29,14 +29,16 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from hubgym.fileio import replace_dir
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
+from hubgym.train.lora import LoraSettings, is_lora, merged_weights, wrap_lora
 from hubgym.train.metrics import merge_metrics
+from hubgym.train.schedule import SCHEDULES, Schedule, make_scheduler
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
 EXTENSIONS_DIR = Path("~/.cache/hubgym/torch_extensions")  # DeepSpeed's JIT ops (~80 s to build), built once
@@ -49,7 +51,12 @@ class DeepSpeedSettings:
 
     zero_stage: int = 2  # 2: optimizer state + gradients sharded; 3: weights too
     bf16: str = "auto"  # auto (bf16 where the GPU supports it, fp32 on CPUs) | true | false
-    lr: float = 2e-3  # AdamW learning rate (constant)
+    lr: float = 2e-3  # AdamW peak learning rate
+    schedule: str = "constant"  # constant | linear | cosine (hubgym.train.schedule)
+    warmup_steps: int = 0  # linear warmup over this many updates
+    total_steps: int = 0  # updates of the whole run: where linear/cosine decay ends
+    min_lr_ratio: float = 0.0  # the decay's floor as a fraction of lr
+    lora: LoraSettings = field(default_factory=LoraSettings)  # r = 0: full fine-tuning
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
@@ -71,6 +78,12 @@ class DeepSpeedSettings:
             raise ConfigError(f"betas={self.betas} must be two numbers in [0, 1), e.g. (0.9, 0.999)")
         if self.micro_batches < 0:
             raise ConfigError(f"micro_batches={self.micro_batches} must be >= 0 (0 = as many as the packer makes)")
+        if self.schedule not in SCHEDULES or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"schedule={self.schedule!r}, warmup_steps={self.warmup_steps}, min_lr_ratio="
+                              f"{self.min_lr_ratio}: use one of {SCHEDULES}, warmup_steps >= 0, min_lr_ratio in [0, 1]")
+
+    def lr_schedule(self) -> Schedule:
+        return Schedule(self.schedule, self.warmup_steps, self.total_steps, self.min_lr_ratio)
 
 
 
@@ -165,10 +178,20 @@ class Policy:
         if settings.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
-        optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, betas=settings.betas,
+        if settings.lora.r:
+            model = wrap_lora(model, settings.lora)  # base frozen: ZeRO shards only the adapters' state
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=settings.lr, betas=settings.betas,
                                       weight_decay=settings.weight_decay)  # a torch optimizer: no Adam op to compile
-        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=config)
+        scheduler = make_scheduler(optimizer, settings.lr_schedule())  # DeepSpeed steps and checkpoints it
+        self.engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                               config=config)
         self.dtype = torch.bfloat16 if config["bf16"]["enabled"] else torch.float32
+
+    @property
+    def lora(self) -> bool:
+        """Whether only LoRA adapters train (the module is a peft model)."""
+        return is_lora(self.module)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -187,6 +210,7 @@ class Policy:
         self._check_count(micro_batches)
         started = time.perf_counter()
         self.engine.train()
+        lr = self.engine.optimizer.param_groups[0]["lr"]  # this update's (the scheduler moves it in step())
         loss_sum, tokens, bad = 0.0, 0, 0
         per_batch: list[dict[str, float]] = []
         for i, batch in enumerate(micro_batches):
@@ -208,7 +232,7 @@ class Policy:
         reason = None if applied else (SKIP_LOSS if bad else SKIP_GRAD)
         norm = self.engine.get_global_grad_norm()
         return StepStats(loss=loss_sum, grad_norm=float(norm) if applied and norm is not None else None,
-                         lr=self.engine.optimizer.param_groups[0]["lr"], tokens=int(tokens),
+                         lr=lr, tokens=int(tokens),
                          micro_batches=len(micro_batches), skipped=not applied, skip_reason=reason,
                          seconds=time.perf_counter() - started,
                          metrics=merge_metrics(per_batch, self._reduce_over_ranks))
@@ -229,20 +253,31 @@ class Policy:
                 for row, t in zip(logits, targets)]  # one (T-1, V) float32 copy at a time, not (B, T-1, V)
         return torch.stack(rows) * batch.attention_mask[:, 1:]
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full fp32 weights with Hugging Face names on rank 0 ({} on other ranks); call it on every rank.
+    def full_state_dict(self, dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
+        """Full weights with Hugging Face names on rank 0 ({} on other ranks), as `dtype`; call it on every rank.
 
         Under ZeRO-3 each weight is gathered from its shards one at a time, so rank 0 never holds
-        more than the full state plus one weight.
+        more than the full state plus one weight. With LoRA the adapters are merged in (W + scale * B @ A)
+        under the base model's names; the adapters themselves are left as they are.
         """
-        import deepspeed
+        return {name: tensor for name, tensor in self.named_weights(dtype)}
 
-        state: dict[str, torch.Tensor] = {}
+    def named_weights(self, dtype: torch.dtype | None = torch.float32) -> Iterator[tuple[str, torch.Tensor]]:
+        """(Hugging Face name, CPU copy as `dtype`; None: float32) one weight at a time, on rank 0 (nothing
+        elsewhere); every rank must iterate it to the end (under ZeRO-3 each weight is gathered collectively)."""
+        dtype = dtype or torch.float32
+        if self.lora:
+            items: Iterator[tuple[str, torch.Tensor]] = merged_weights(self.module, _gather)
+        else:
+            items = self._plain_weights()
+        for name, tensor in items:
+            if self.rank == 0:
+                yield name, tensor.detach().to("cpu", dtype, copy=True)
+
+    def _plain_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in self.module.state_dict(keep_vars=True).items():  # keep_vars: ZeRO-3 params to gather
-            with deepspeed.zero.GatheredParameters([tensor], enabled=hasattr(tensor, "ds_id")):
-                if self.rank == 0:
-                    state[name] = tensor.detach().to("cpu", torch.float32, copy=True)
-        return state
+            with _gather([tensor]):
+                yield name, tensor
 
     def export_hf(self, folder: str | Path) -> Path:
         """Write a Hugging Face model folder (safetensors, config, tokenizer, chat template); call on every rank.
@@ -305,6 +340,13 @@ def _copy_side_files(source: Path, target: Path) -> None:
         if (path.is_file() and path.suffix in (".json", ".jinja", ".txt", ".model", ".tiktoken")
                 and path.name not in skip and not path.name.startswith("hubgym_")):  # not our markers
             shutil.copy2(path, target / path.name)
+
+
+def _gather(params: list[torch.Tensor]):
+    """ZeRO-3 parameters made whole for the duration (a no-op for whole ones)."""
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, enabled=any(hasattr(p, "ds_id") for p in params))
 
 
 def _barrier() -> None:

@@ -1,20 +1,28 @@
 """Put the trainer's weights into the running vLLM engine, and bring the engine back if it died.
 
-    seconds = sync_weights(engine, policy.full_state_dict(), policy_version=step, scratch=out / "sync")
+    seconds = sync_weights(engine, policy.full_state_dict(engine_dtype(engine)), policy_version=step,
+                           scratch=out / "sync")
     ...
     if ensure_engine(engine):  # its engine-core process had died: restarted, serving the same weights again
         ...
 
-The weights (Hugging Face names) go to one safetensors file in `scratch`, and `VLLMEngine.load_weights` has
-vLLM's worker reload them in place (`LLM.collective_rpc("reload_weights")`): vLLM's own loader streams the
-file layer by layer, maps the names onto its fused layers (qkv, gate_up) and redoes the CPU kernels'
-weight repacking, then the prefix cache is dropped. A file is the channel because it is what that loader
-reads, it works for every executor and process layout, and the last one stays on disk: a restarted engine
-loads it again. (Measured on 2 CPU cores: the tiny model syncs in ~20-40 ms, a 25M-parameter model in
-~0.3-0.8 s; handing the tensors to a worker extension as bytes over the RPC was no faster.)
+Two channels, the same result (the same names reach the same loader):
 
+- in memory (the default, for engines started with hubgym's worker extension, hubgym.train.vllm_receiver):
+  the weights, in the engine's dtype, go to vLLM's workers over `LLM.collective_rpc` in buckets of about
+  BUCKET_BYTES, each one safetensors blob, and the worker's `model.load_weights` takes them (vLLM maps the
+  Hugging Face names onto its fused qkv/gate_up layers and repacks each layer for its kernels once all of
+  its weights arrived). No file is written: the last weights stay in memory, and are written to `scratch`
+  only when a restart needs them (`ensure_engine`, `restart_engine`). Lazily, not every K syncs, because a
+  restarted engine must serve exactly the version it is labelled with, and the last synced weights are
+  all that gives it; holding them costs one copy in the engine's dtype, which the caller built anyway.
+- a file: one safetensors file in `scratch`, reloaded by vLLM in place (`VLLMEngine.load_weights`). The
+  fallback: for engines without the extension, and when an in-memory load fails half way.
+
+Either way the prefix cache is dropped and vLLM labels what it samples from then on with the new version.
 Weights are checked against the model's checkpoint (names, shapes) before the engine sees them: a wrong
-name fails inside vLLM's reload half way, leaving a model that serves neither version.
+name would fail inside vLLM's reload half way, leaving a model that serves neither version.
+Measured syncs (seconds per step, both channels): bench/bench_sync.py.
 """
 
 from __future__ import annotations
@@ -24,14 +32,15 @@ import os
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
-from hubgym.errors import WeightSyncError
+from hubgym.errors import EngineError, WeightSyncError
+from hubgym.train.vllm_receiver import RECEIVER
 
 if TYPE_CHECKING:
     from hubgym.rollout.engines import VLLMEngine
@@ -39,21 +48,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("hubgym.train")
 
 WEIGHTS_FILE = "model.safetensors"
+BUCKET_BYTES = 256 << 20  # one RPC's worth of weights: large enough to amortize a call, small next to a model
 _SCRATCH: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> TemporaryDirectory (no scratch given)
+_UNWRITTEN: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # engine -> (tensors, folder) synced in memory
 
 NamedTensors = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
 
 
 def sync_weights(engine: VLLMEngine, named_tensors: NamedTensors, policy_version: int,
-                 scratch: str | Path | None = None) -> float:
+                 scratch: str | Path | None = None, *, in_memory: bool = True) -> float:
     """Serve `named_tensors` (Hugging Face parameter names, e.g. a model's `state_dict()`) from `engine` as
     `policy_version`; returns the seconds it took. `scratch` is a folder of its own for the weights file (default:
-    a temporary folder that lives as long as the engine)."""
+    a temporary folder that lives as long as the engine). `in_memory=False` forces the file channel."""
     started = time.perf_counter()
     model_dir = resolve_model_dir(engine.model)
     tensors = prepare_weights(named_tensors, checkpoint_layout(model_dir), tied_embeddings(model_dir),
                               model=engine.model)
     folder = _scratch_folder(engine, scratch)
+    if in_memory and has_receiver(engine):
+        try:
+            return _sync_in_memory(engine, tensors, policy_version, folder, started)
+        except EngineError:
+            raise
+        except Exception as exc:  # the model may hold part of the new weights: reload all of them from a file
+            log.warning("in-memory weight sync failed (%s: %s); loading weights v%d from a file instead",
+                        type(exc).__name__, exc, policy_version)
+    _UNWRITTEN.pop(engine, None)
     size = write_weights(tensors, folder)
     written = time.perf_counter()
     engine.load_weights(str(folder), policy_version)
@@ -63,6 +83,85 @@ def sync_weights(engine: VLLMEngine, named_tensors: NamedTensors, policy_version
     return seconds
 
 
+def has_receiver(engine: VLLMEngine) -> bool:
+    """Whether the engine's workers run hubgym's worker extension (the in-memory channel)."""
+    return getattr(engine, "llm_args", {}).get("worker_extension_cls") == RECEIVER
+
+
+def engine_dtype(engine: VLLMEngine):
+    """The dtype the engine's model computes in: the in-memory channel sends weights in it."""
+    llm = getattr(engine, "llm", None)
+    return llm.llm_engine.model_config.dtype if llm is not None else torch.float32
+
+
+def _sync_in_memory(engine: VLLMEngine, tensors: dict[str, torch.Tensor], version: int, folder: Path,
+                    started: float) -> float:
+    dtype = engine_dtype(engine)
+    tensors = {name: t.to(dtype) for name, t in tensors.items()}
+    size = send_weights(engine, tensors, version)
+    _UNWRITTEN[engine] = (tensors, folder)  # on disk only when a restart needs them
+    (folder / WEIGHTS_FILE).unlink(missing_ok=True)  # older weights: a restart must never serve them as these
+    engine.weights_path = str(folder)
+    seconds = time.perf_counter() - started
+    log.info("weights v%d synced into vLLM in memory in %.3fs (%d tensors, %.1f MB, %s)", version, seconds,
+             len(tensors), size / 2**20, str(dtype).removeprefix("torch."))
+    return seconds
+
+
+def send_weights(engine: VLLMEngine, tensors: dict[str, torch.Tensor], version: int,
+                 bucket_bytes: int = BUCKET_BYTES) -> int:
+    """Load `tensors` into the engine's workers in buckets, then drop the prefix cache and set the weight version
+    (as `VLLMEngine.load_weights` does); returns the bytes sent. Nothing may be generating meanwhile."""
+    from safetensors.torch import save
+
+    if not engine.alive():
+        raise EngineError("the vLLM engine is not running (its engine-core process died): restart it first")
+    rpc, timeout = engine.llm.collective_rpc, engine.RPC_TIMEOUT_S
+    rpc("hubgym_begin_weights", timeout=timeout)
+    sent = 0
+    for bucket in buckets(tensors, bucket_bytes):
+        blob = save(bucket)
+        rpc("hubgym_load_weights", timeout=timeout, args=(blob,))
+        sent += len(blob)
+    loaded = rpc("hubgym_finish_weights", timeout=timeout)[0]
+    if loaded != len(tensors):
+        raise WeightSyncError(f"vLLM's workers loaded {loaded} of {len(tensors)} tensors")
+    if not engine.llm.reset_prefix_cache():
+        raise EngineError("vLLM could not drop its prefix cache after loading weights: requests were running; "
+                          "load weights between generate calls")
+    engine.llm.llm_engine.set_weight_version(str(version))
+    engine.policy_version = version
+    return sent
+
+
+def buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
+    """Consecutive groups of about `bucket_bytes` (a larger tensor goes alone), in the given order."""
+    bucket, size = {}, 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = {}, 0
+        bucket[name], size = tensor, size + nbytes
+    if bucket:
+        yield bucket
+
+
+def write_unwritten(engine: VLLMEngine) -> None:
+    """Put the weights last synced in memory on disk, where `VLLMEngine.restart` loads them from."""
+    pending = _UNWRITTEN.pop(engine, None)
+    if pending is not None:
+        tensors, folder = pending
+        write_weights(tensors, folder)
+        engine.weights_path = str(folder)
+
+
+def restart_engine(engine: VLLMEngine) -> None:
+    """A fresh engine serving the last synced weights and version (written to disk first if they were not)."""
+    write_unwritten(engine)
+    engine.restart()
+
+
 def ensure_engine(engine: VLLMEngine) -> bool:
     """Restart `engine` if its engine-core process died; it then serves the last synced weights and version
     again. Returns whether it restarted. (A generate that was running when the process died raised EngineError.)"""
@@ -70,7 +169,7 @@ def ensure_engine(engine: VLLMEngine) -> bool:
         return False
     log.warning("vLLM engine for %s died; restarting it with weights v%d", engine.model, engine.policy_version)
     started = time.perf_counter()
-    engine.restart()
+    restart_engine(engine)
     log.info("vLLM engine restarted in %.1fs, serving weights v%d", time.perf_counter() - started,
              engine.policy_version)
     return True

@@ -190,7 +190,9 @@ class Trainer:
                 raise RolloutsStopped(f"online step {step}: the run is stopping; the engine was not restarted") from exc
             self.console.print(f"[yellow]vLLM engine failed ({escape(str(exc))}); restarting it with the current weights")
             if not self._revive():  # alive but failing: start a fresh one all the same
-                engine.restart()
+                from hubgym.train.sync import restart_engine
+
+                restart_engine(engine)
                 self._count({"engine_restarts": 1})
             return producer.produce(engine, ChatRenderer(engine.tokenizer), step, engine.policy_version, groups)
 
@@ -221,7 +223,7 @@ class Trainer:
         stats = self.policy.train_step(mine, make_loss_fn(loss_settings(cfg)))
         seconds = time.perf_counter() - started
         metrics.update(stats.metrics)
-        metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "policy/lr": stats.lr,
+        metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "optim/lr": stats.lr,
                         "policy/skipped": float(stats.skipped), "time/step_s": seconds,
                         "time/train_s": stats.seconds, "time/tokens_per_s": stats.tokens / max(stats.seconds, 1e-9),
                         "train/tokens": stats.tokens})
@@ -285,7 +287,9 @@ class Trainer:
         or evaluation). With rollouts sampled ahead the weights are copied: the next step changes them in place."""
         if (not self.cfg.online.steps and not self.cfg.eval.limit) or self.synced == version:
             return
-        state = self.policy.full_state_dict()
+        from hubgym.train.sync import engine_dtype
+
+        state = self.policy.full_state_dict(engine_dtype(self.engine()) if self.policy.rank == 0 else None)
         if self.policy.rank == 0:
             if self.cfg.online.async_steps:
                 state = {name: tensor.detach().clone() for name, tensor in state.items()}
@@ -362,10 +366,15 @@ def deepspeed_settings(cfg: TrainConfig):
     """DeepSpeed as the config sets it (DeepSpeedSettings, imported when used: it imports torch)."""
     from hubgym.train.engine import DeepSpeedSettings
 
-    o = cfg.optim
+    from hubgym.train.lora import LoraSettings
+
+    o, lora = cfg.optim, cfg.lora
     return DeepSpeedSettings(lr=o.lr, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
                              zero_stage=o.zero_stage, bf16=o.bf16, gradient_checkpointing=o.gradient_checkpointing,
-                             seed=cfg.seed)
+                             schedule=o.schedule, warmup_steps=o.warmup_steps, total_steps=cfg.total_steps,
+                             min_lr_ratio=o.min_lr_ratio, seed=cfg.seed,
+                             lora=LoraSettings(r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
+                                               target_modules=tuple(lora.target_modules)))
 
 
 def _broadcast(rows: list[dict], world_size: int) -> list[dict]:

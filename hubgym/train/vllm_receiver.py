@@ -1,0 +1,58 @@
+"""The vLLM worker side of in-memory weight sync: a worker extension (`worker_extension_cls`).
+
+    LLM(..., worker_extension_cls=RECEIVER)               # VLLMEngine sets it for every engine
+    llm.collective_rpc("hubgym_begin_weights")
+    llm.collective_rpc("hubgym_load_weights", args=(safetensors_bytes,))   # one bucket, any number of times
+    llm.collective_rpc("hubgym_finish_weights")
+
+The steps are vLLM's own in-place reload (`reload_weights` with a weights iterator) cut in three, so
+the weights can arrive in buckets: `begin` puts every layer into vLLM's layerwise-reload state, each
+bucket goes through the model's `load_weights` (which maps Hugging Face names onto the fused qkv and
+gate_up layers; a layer is finished -- repacked for the CPU kernels, copied into its old storage --
+as soon as all of its weights have arrived, whichever bucket they came in), and `finish` completes
+what is left and drops caches derived from the old weights.
+
+A bucket crosses as one safetensors blob (bytes are a native type of vLLM's msgpack RPC; tensors
+inside RPC arguments are not decoded back into tensors), so names, dtypes and shapes travel with it.
+This module is imported inside vLLM's worker processes: it needs only vLLM and safetensors.
+"""
+
+from __future__ import annotations
+
+RECEIVER = "hubgym.train.vllm_receiver.WeightReceiver"
+
+
+class WeightReceiver:
+    """Mixed into vLLM's worker class; `self` is the worker (model_runner, vllm_config)."""
+
+    def hubgym_begin_weights(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+        self.hubgym_loaded = 0
+
+    def hubgym_load_weights(self, blob: bytes) -> int:
+        """Load one bucket; returns how many tensors it held."""
+        from safetensors.torch import load
+        from vllm.config import set_current_vllm_config
+
+        tensors = load(blob)
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(iter(tensors.items()))
+        self.hubgym_loaded += len(tensors)
+        return len(tensors)
+
+    def hubgym_finish_weights(self) -> int:
+        """Finish every layer not finished yet; returns the tensors loaded since `begin`."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):  # as vLLM's reload does
+            if hasattr(runner, reset):
+                getattr(runner, reset)()
+        return self.hubgym_loaded
