@@ -1,0 +1,82 @@
+"""vLLM engine settings (train config section `vllm`, `hubgym rollout` options): each value vLLM would refuse is
+one line naming the setting, before vLLM starts; dtype auto keeps float32 on a CPU; bfloat16 runs on this CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from hubgym.errors import EngineError
+from hubgym.rollout.engines import Request, SamplingArgs, VLLMEngine, engine_settings
+from hubgym.train.config import TINY_CONFIG, ConfigError, load_config
+
+ON_CPU = not __import__("torch").cuda.is_available()
+
+
+def test_defaults_fit_a_trainer_beside_vllm():
+    v = load_config(TINY_CONFIG).vllm
+    assert (v.engine, v.dtype, v.gpu_memory_utilization, v.tensor_parallel_size, v.enable_sleep_mode) == \
+        ("local", "auto", 0.3, 1, False)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("vllm.gpu_memory_utilization=1.5", r"vllm.gpu_memory_utilization=1.5 must be <= 1"),
+    ("vllm.gpu_memory_utilization=0", r"vllm.gpu_memory_utilization=0 must be > 0"),
+    ("vllm.tensor_parallel_size=0", r"vllm.tensor_parallel_size=0 must be >= 1"),
+    ("vllm.dtype=int8", r"vllm.dtype: Input should be 'auto', 'bfloat16', 'float16' or 'float32'"),
+    ("vllm.engine=server", r"vllm.engine=server needs vllm.base_url"),
+])
+def test_bad_values_are_refused_when_the_config_loads(override, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(TINY_CONFIG, [override])
+    assert "\n" not in str(info.value)
+
+
+def test_a_server_run_refuses_local_engine_settings():
+    """A server has its own dtype and memory share: a trainer-side value would be silently ignored."""
+    with pytest.raises(ConfigError, match=r"vllm.dtype sets the trainer's own vLLM engine.*--dtype"):
+        load_config(TINY_CONFIG, ["vllm.engine=server", "vllm.base_url=http://127.0.0.1:8000/v1",
+                                  "vllm.dtype=bfloat16"])
+    cfg = load_config(TINY_CONFIG, ["vllm.engine=server", "vllm.base_url=http://127.0.0.1:8000/v1"])
+    assert cfg.vllm.weight_transfer == "file"
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the CPU backend's rules")
+def test_auto_keeps_float32_on_a_cpu():
+    assert engine_settings("auto")["dtype"] == "float32"
+    assert engine_settings("bfloat16")["dtype"] == "bfloat16"
+
+
+@pytest.mark.skipif(not ON_CPU, reason="the CPU backend's rules")
+@pytest.mark.parametrize("kwargs, message", [
+    ({"tensor_parallel_size": 2}, r"vllm.tensor_parallel_size=2 needs that many GPUs, but this machine has no GPU"),
+    ({"enable_sleep_mode": True}, r"vllm.enable_sleep_mode: vLLM's cpu backend has no sleep mode"),
+    ({"gpu_memory_utilization": 1.2}, r"vllm.gpu_memory_utilization=1.2 must be in \(0, 1\]"),
+])
+def test_what_this_machine_cannot_run_is_refused_before_vllm_starts(tiny_model, kwargs, message):
+    with pytest.raises(EngineError, match=message):
+        VLLMEngine(str(tiny_model), max_model_len=256, **kwargs)
+
+
+def test_the_cli_names_its_options():
+    with pytest.raises(EngineError, match=r"^--tensor-parallel-size=3 needs"):
+        engine_settings(tensor_parallel_size=3 if ON_CPU else 10_000, setting="--")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ON_CPU, reason="measured on the CPU backend")
+def test_bfloat16_runs_on_this_cpu(tiny_model):
+    """vLLM's CPU backend computes in bfloat16 here (AVX2, no native bf16): the engine samples with finite logprobs."""
+    engine = VLLMEngine(str(tiny_model), max_model_len=256, dtype="bfloat16", enforce_eager=True)
+    try:
+        assert str(engine.llm.llm_engine.model_config.dtype) == "torch.bfloat16"
+        request = Request(ids=[1, 7, 42, 99], messages=[], tools=None, n=2, max_tokens=6, seed=0)
+        samples = asyncio.run(engine.generate(request, SamplingArgs(temperature=1.0, max_tokens=6)))
+    finally:
+        engine.close()
+    assert len(samples) == 2
+    for sample in samples:
+        assert 0 < len(sample.token_ids) == len(sample.logprobs)
+        assert all(math.isfinite(lp) and lp <= 0 for lp in sample.logprobs)
