@@ -1,11 +1,17 @@
 """Training-step throughput and MFU of hubgym's GRPO step on a GPU, beside a bare DeepSpeed loop.
 
     python bench/bench_mfu.py                           # on a GPU: a random Qwen2-0.5B-shaped model, 4k tokens
+    python bench/bench_mfu.py --preset qwen2-0.5b --preset smollm2-135m   # both real-model shapes, one table
     python bench/bench_mfu.py --preset tiny --seq-len 256 --sequences 4 --steps 2   # a smoke run (CPU too)
 
-The model is made here, randomly initialized from a Qwen2 config (`--preset qwen2-0.5b`: 24 layers,
-hidden 896, 14 heads / 2 KV heads, vocab 151,936, tied embeddings, about 494M parameters), so nothing
-is downloaded. A step is `--sequences` rollouts of exactly `--seq-len` tokens (prompt + completion,
+The model is made here, randomly initialized from a config, so nothing is downloaded (a GPU machine
+may have no network, and SmolLM2's 538 MB of weights would not travel with the repository; a step's
+speed does not depend on the weights' values): `--preset qwen2-0.5b` is Qwen2-0.5B's shape (24
+layers, hidden 896, 14 heads / 2 KV heads, vocab 151,936, tied embeddings, about 494M parameters),
+`--preset smollm2-135m` SmolLM2-135M-Instruct's, as its config.json has it (LlamaForCausalLM: 30
+layers, hidden 576, 9 heads / 3 KV heads of 64, MLP 1,536, vocab 49,152, tied embeddings, rope theta
+1e5, 134.5M parameters). Each preset runs in its own child process (one model's engines and memory
+are gone before the next starts); their rows share one table. A step is `--sequences` rollouts of exactly `--seq-len` tokens (prompt + completion,
 random ids), read from an Arrow shard and trained the way the trainer does it: GroupStream (groups,
 advantages) -> pack_step (`--budget` tokens per micro-batch) -> the GRPO loss with its metrics ->
 Policy.train_step (DeepSpeed ZeRO-2, bf16 where supported, torch AdamW). The bare loop trains the same
@@ -24,9 +30,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -40,20 +48,26 @@ from bench_train import bare_step, hubgym_step  # noqa: E402  (bench/ is on sys.
 from results import write_section  # noqa: E402
 
 HEADING = "## Training step on a GPU: tokens/s and MFU"
-PRESETS = {  # Qwen2Config overrides
-    "qwen2-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                       num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6),
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True),
+PRESETS = {  # model_type and its config's values
+    "qwen2-0.5b": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6)),
+    # SmolLM2-135M-Instruct's config.json (hubgym.models.resolve_model("smollm2-135m")), weights aside.
+    "smollm2-135m": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+                                   tie_word_embeddings=True, rope_theta=1e5, rms_norm_eps=1e-5, hidden_act="silu",
+                                   bos_token_id=1, eos_token_id=2, pad_token_id=2)),
+    "tiny": ("qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=1024, tie_word_embeddings=True)),
 }
 PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "GH200": 989.4, "A100": 312.0}
 
 
 def make_model(preset: str, seq_len: int, folder: Path) -> Path:
-    """A randomly initialized Qwen2-style model saved as a Hugging Face folder (seeded, so runs agree)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    """A randomly initialized model of the preset's shape saved as a Hugging Face folder (seeded, so runs agree)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = Qwen2Config(**PRESETS[preset], max_position_embeddings=max(seq_len, 4096), torch_dtype="float32")
+    model_type, values = PRESETS[preset]
+    config = AutoConfig.for_model(model_type, **values, max_position_embeddings=max(seq_len, 4096), dtype="float32")
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return folder
@@ -90,9 +104,10 @@ def peak_flops(override: float | None) -> float | None:
     return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", default="qwen2-0.5b", choices=list(PRESETS))
+    parser.add_argument("--preset", action="append", choices=list(PRESETS),
+                        help="model shape; repeat for several (default: qwen2-0.5b)")
     parser.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (prompt + completion)")
     parser.add_argument("--sequences", type=int, default=16, help="sequences per optimizer step")
     parser.add_argument("--n", type=int, default=8, help="group size")
@@ -101,12 +116,45 @@ def main() -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this accelerator")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)  # one preset, to a file
     args = parser.parse_args()
-    budget = args.budget or args.seq_len
+    args.preset = args.preset or ["qwen2-0.5b"]
+    return args
 
-    import deepspeed
+
+def main() -> None:
+    args = parse_args()
+    if args.child_json:
+        args.child_json.write_text(json.dumps(measure(args, args.preset[0])))
+        return
     from rich.console import Console
-    from rich.table import Table
+
+    console = Console(width=140)
+    results = [run_child(args, preset) for preset in args.preset]
+    table = results_table(results)
+    console.print(table)
+    if args.no_write or not torch.cuda.is_available():
+        console.print("not written to bench/RESULTS.md" + ("" if torch.cuda.is_available() else " (no GPU)"))
+        return
+    write_results(args, table, results)
+
+
+def run_child(args: argparse.Namespace, preset: str) -> dict:
+    """Measure one preset in a fresh process, so its engines and GPU memory are gone before the next."""
+    options = ["--seq-len", args.seq_len, "--sequences", args.sequences, "--n", args.n, "--steps", args.steps]
+    options += ["--budget", args.budget] if args.budget else []
+    options += ["--peak-tflops", args.peak_tflops] if args.peak_tflops else []
+    options += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        subprocess.run([sys.executable, __file__, "--preset", preset, *map(str, options), "--child-json", str(out)],
+                       check=True)
+        return json.loads(out.read_text())
+
+
+def measure(args: argparse.Namespace, preset: str) -> dict:
+    """Both sides' steps on one preset: tokens/s, TFLOP/s and MFU per side, and the GPU's peak memory."""
+    import deepspeed
     from transformers import AutoModelForCausalLM
 
     from hubgym.rollout.writer import ShardWriter
@@ -116,10 +164,10 @@ def main() -> None:
     from hubgym.train.packing import pack_step
     from hubgym.train.stream import GroupStream
 
-    console = Console(width=140)
+    budget = args.budget or args.seq_len
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_model(args.preset, args.seq_len, Path(tmp) / "model")
-        rows = make_rows(args.sequences, args.n, args.seq_len, PRESETS[args.preset]["vocab_size"])
+        model_dir = make_model(preset, args.seq_len, Path(tmp) / "model")
+        rows = make_rows(args.sequences, args.n, args.seq_len, PRESETS[preset][1]["vocab_size"])
         writer = ShardWriter(Path(tmp) / "run", "w000of001", max_rows=len(rows))
         writer.add_group(rows)
         writer.flush()
@@ -146,19 +194,29 @@ def main() -> None:
             _synchronize()
         per_token, peak = flops_per_token(policy.module, args.seq_len), peak_flops(args.peak_tflops)
         params = sum(p.numel() for p in model.parameters())
-    table = Table("side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU", "vs bare",
-                  title=f"GRPO training step, {args.preset} ({params / 1e6:.1f}M parameters), {args.seq_len} tokens")
-    rate = {side: statistics.median(t / s for t, s in runs) for side, runs in times.items()}
+    result = {"preset": preset, "params": params, "seq_len": args.seq_len, "micro_batches": len(batches),
+              "budget": budget, "peak_memory_gib": _peak_memory_gib(), "device": _device_name(), "sides": {}}
     for side, runs in times.items():
-        achieved = rate[side] * per_token
-        table.add_row(side, f"{runs[0][0]:,}", f"{statistics.median(s for _, s in runs):.3f}", f"{rate[side]:,.0f}",
-                      f"{achieved / 1e12:.1f}", f"{achieved / peak:.1%}" if peak else "n/a",
-                      f"{rate[side] / rate['bare']:.3f}")
-    console.print(table)
-    if args.no_write or not torch.cuda.is_available():
-        console.print("not written to bench/RESULTS.md" + ("" if torch.cuda.is_available() else " (no GPU)"))
-        return
-    write_results(args, table, len(batches), budget)
+        rate = statistics.median(t / s for t, s in runs)
+        result["sides"][side] = {"tokens": runs[0][0], "step_s": statistics.median(s for _, s in runs),
+                                 "tokens_s": rate, "tflops": rate * per_token / 1e12,
+                                 "mfu": rate * per_token / peak if peak else None}
+    return result
+
+
+def results_table(results: list[dict]):
+    from rich.table import Table
+
+    table = Table("model", "side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU", "vs bare",
+                  "peak GPU memory GiB", title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
+    for r in results:
+        bare = r["sides"]["bare"]["tokens_s"]
+        for side, m in r["sides"].items():
+            table.add_row(f"{r['preset']} ({r['params'] / 1e6:.1f}M)", side, f"{m['tokens']:,}", f"{m['step_s']:.3f}",
+                          f"{m['tokens_s']:,.0f}", f"{m['tflops']:.1f}",
+                          f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a", f"{m['tokens_s'] / bare:.3f}",
+                          f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "n/a")
+    return table
 
 
 def _synchronize() -> None:
@@ -166,17 +224,28 @@ def _synchronize() -> None:
         torch.cuda.synchronize()
 
 
-def write_results(args, table, micro_batches: int, budget: int) -> None:
+def _peak_memory_gib() -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
+
+
+def write_results(args, table, results: list[dict]) -> None:
     import deepspeed
     from rich.console import Console
 
     capture = Console(width=140, record=True, file=open(os.devnull, "w"))
     capture.print(table)
-    body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py` on {torch.cuda.get_device_name()} "
+    r = results[0]
+    presets = " ".join(f"--preset {x['preset']}" for x in results)
+    body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {presets}` on {r['device']} "
             f"({platform.machine()}), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}. One step = "
-            f"{args.sequences} sequences of {args.seq_len} tokens in {micro_batches} micro-batches of at most "
-            f"{budget} tokens, ZeRO-2, bf16, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
-            f"{args.steps} measured steps per side, alternating.\n\n```\n{capture.export_text()}```\n")
+            f"{args.sequences} sequences of {args.seq_len} tokens in {r['micro_batches']} micro-batches of at most "
+            f"{r['budget']} tokens, ZeRO-2, bf16, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
+            f"{args.steps} measured steps per side, alternating, after a warm-up step of each.\n\n"
+            f"```\n{capture.export_text()}```\n")
     write_section(HEADING, body)
 
 
