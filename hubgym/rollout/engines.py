@@ -139,7 +139,6 @@ class VLLMEngine:
                     "worker_extension_cls": "hubgym.train.vllm_receiver.WeightReceiver"}  # in-memory weight sync
         self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
                          **defaults, **settings, **engine_args}  # kept so `restart` builds the same engine
-        self.sleeping = False  # put to sleep by `sleep` (enable_sleep_mode): wake it before generating
         self.policy_version = 0  # the version of the weights served (set by `load_weights`)
         self.weights_path: str | None = None  # the folder they were loaded from; None: `model`'s own weights
         self._start()
@@ -154,9 +153,11 @@ class VLLMEngine:
         with _without_rendezvous_env(), engine_process_env():  # vLLM's processes die with this one (reaper.py)
             self.llm = vllm.LLM(**self.llm_args)
         self.tokenizer = self.llm.get_tokenizer()
+        self.sleeping = False  # a fresh engine is awake
         _fail_waiters_when_core_dies(self.llm)
 
     async def generate(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
+        self.wake_up()  # asleep since the last rollouts (enable_sleep_mode): the first request wakes it
         loop = asyncio.get_running_loop()
         waiter = _Waiter(request, sampling, loop.create_future(), loop)
         waiter.future.add_done_callback(lambda _: self._abort_if_cancelled(waiter))
@@ -263,6 +264,7 @@ class VLLMEngine:
         vLLM labels the tokens it samples from now on with the version (`CompletionOutput.weight_versions`)."""
         if not self.alive():  # vLLM would wait forever for a dead engine core's answer
             raise EngineError("the vLLM engine is not running (its engine-core process died): restart it first")
+        self.wake_up()
         try:
             self.llm.collective_rpc("reload_weights", timeout=self.RPC_TIMEOUT_S, kwargs={"weights_path": str(folder)})
         except TimeoutError as exc:
