@@ -24,6 +24,13 @@ class EngineKind(str, Enum):
     openai = "openai"
 
 
+class VllmDtype(str, Enum):
+    auto = "auto"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
 @app.command()
 @user_errors
 def rollout(
@@ -57,6 +64,13 @@ def rollout(
     pin: Annotated[Optional[list[str]], typer.Option(help=PIN_HELP)] = None,
     push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
                                                      "(org/name; the run id is the config)")] = None,
+    dtype: Annotated[VllmDtype, typer.Option(help="vllm engine: weights and activations; auto: vLLM's choice on a "
+                                                  "GPU (bfloat16 for an fp32 checkpoint), float32 on a CPU")]
+    = VllmDtype.auto,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm engine: share of the GPU's memory "
+                                                                         "vLLM takes, in (0, 1] [default: vLLM's "
+                                                                         "0.9]")] = None,
+    tensor_parallel_size: Annotated[int, typer.Option(help="vllm engine: GPUs the engine spans")] = 1,
     verbose: Verbose = False,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
@@ -78,8 +92,11 @@ def rollout(
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
                            concurrency=concurrency, hub=hub, trust=trust, pins=parse_pin_options(pin))
+    settings = {"dtype": dtype.value, "gpu_memory_utilization": gpu_memory_utilization,
+                "tensor_parallel_size": tensor_parallel_size}
+    own_engine = _engine_with_settings(config, settings)
     try:
-        summary = run_rollouts(config)
+        summary = run_rollouts(config, engine=own_engine)
     except KeyboardInterrupt:
         console(stderr=True).print(f"[yellow]interrupted: the rollouts stored in {out} stay; the same command resumes "
                                     f"(no rollout sampled twice or left out)")
@@ -94,6 +111,18 @@ def rollout(
         pushed = push_rollouts(out, push, hub=hub, progress=True)
         console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
                               f"rollouts -> {pushed.ref}"))
+
+
+def _engine_with_settings(config, settings: dict):
+    """A VLLMEngine with the engine options when any differs from its default (checked first: one line naming
+    the option); None otherwise, and run_rollouts starts the engine itself, after its own checks."""
+    from hubgym.rollout.engines import VLLMEngine, engine_settings
+
+    defaults = {"dtype": "auto", "gpu_memory_utilization": None, "tensor_parallel_size": 1}
+    if config.engine != "vllm" or settings == defaults:
+        return None
+    engine_settings(**settings, setting="--")  # before vLLM starts
+    return VLLMEngine(config.model, max_model_len=config.max_model_len, seed=config.sampling.seed, **settings)
 
 
 @app.command("report")

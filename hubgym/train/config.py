@@ -156,6 +156,8 @@ class Vllm(Section):
                                                "a vLLM server at vllm.base_url (started with VLLM_SERVER_DEV_MODE=1)")
     base_url: str | None = Field(None, description="the server's OpenAI base URL, e.g. http://10.0.0.2:8000/v1 "
                                  "(vllm.engine server)")
+    served_model: str | None = Field(None, description="server: the name it serves the trainer's model under "
+                                     "[default: the model folder's path, as --model DIR names it]")
     weight_transfer: Literal["file", "nccl"] = Field("file", description="server: how weights reach it. file: a "
                                                      "safetensors file in vllm.sync_dir that the server reloads; "
                                                      "nccl: vLLM's NCCL weight transfer, GPU to GPU (server started "

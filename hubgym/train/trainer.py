@@ -73,9 +73,22 @@ class Trainer:
     def engine(self):
         """The vLLM engine serving the current weights (started on first use, restarted if it died)."""
         if self._engine is None:
-            from hubgym.rollout.engines import VLLMEngine
+            v = self.cfg.vllm
+            if v.engine == "server":  # rollouts from a separate vLLM server; its weights are unknown until pushed
+                from hubgym.train.remote_sync import ServerEngine
 
-            self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed)
+                self._engine = ServerEngine(self.model_dir(), v.base_url, max_model_len=self.cfg.online.max_model_len,
+                                            served_model=v.served_model, transfer=v.weight_transfer,
+                                            sync_dir=v.sync_dir, nccl_address=v.nccl_address)
+                self.synced = None
+            else:
+                from hubgym.rollout.engines import VLLMEngine
+
+                self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len,
+                                          seed=self.cfg.seed, dtype=v.dtype,
+                                          gpu_memory_utilization=v.gpu_memory_utilization,
+                                          tensor_parallel_size=v.tensor_parallel_size,
+                                          enable_sleep_mode=v.enable_sleep_mode)
             self._engine.policy_version = 0
         return self._engine
 
@@ -174,7 +187,16 @@ class Trainer:
         """Queue the rollouts of steps up to `step + online.async_steps` (each sampled by the weights synced last)."""
         last = min(step + self.cfg.online.async_steps, self.cfg.total_steps - 1)
         for planned in range(max(step, self.worker.planned_until + 1), last + 1):
-            self.worker.plan(planned, lambda s: self._produce(producer, s, groups))
+            self.worker.plan(planned, lambda s: self._produce_then_sleep(producer, s, groups))
+
+    def _produce_then_sleep(self, producer, step: int, groups: int) -> list[dict]:
+        """With vllm.enable_sleep_mode the engine sleeps from its rollouts to its next use (it wakes itself), so
+        the optimizer steps meanwhile have the GPU memory it held."""
+        try:
+            return self._produce(producer, step, groups)
+        finally:
+            if self.cfg.vllm.enable_sleep_mode and self._engine is not None and self._engine.alive():
+                self._engine.sleep()
 
     def _produce(self, producer, step: int, groups: int) -> list[dict]:
         """Fresh rows from the engine; a dead engine is restarted once with the current weights."""
@@ -301,6 +323,10 @@ class Trainer:
         from hubgym.train.sync import sync_weights
 
         self._revive()
+        if self.cfg.vllm.engine == "server":
+            from hubgym.train.remote_sync import sync_remote_weights as sync_weights
+        elif self.cfg.vllm.enable_sleep_mode:
+            self.engine().wake_up()  # weights load into an awake engine only
         seconds = sync_weights(self.engine(), state, version, self.out / "sync")
         self._count({"weight_syncs": 1})
         return seconds
