@@ -32,11 +32,11 @@ def test_one_step_of_grpo_on_smollm2_trains_and_syncs_into_vllm(smollm2_model, t
     assert len(steps) == 1 and steps[0]["policy/tokens"] > 0 and steps[0]["policy/grad_norm"] > 0
     assert result.counts["weight_syncs"] >= 1
     online = list(iter_rollouts(tmp_path / "online"))
-    assert len(online) == 8 and {r["policy_version"] for r in online} == {0}
+    assert len(online) == 8 and {r["provenance"]["policy_version"] for r in online} == {0}
     assert all(r["tokens_consistent"] for r in online)  # SmolLM2's own template and tokenizer, audited
     assert {r["finish_reason"] for r in online} <= {"stop", "length"}
     final = list(iter_rollouts(tmp_path / "eval" / "step-000001"))
-    assert len(final) == 4 and {r["policy_version"] for r in final} == {1}  # vLLM served the trained weights
+    assert len(final) == 4 and {r["provenance"]["policy_version"] for r in final} == {1}  # vLLM served the trained weights
     assert "eval/arithmetic/reward_ci95" in result.after
 
     import torch
