@@ -199,3 +199,13 @@ class RunFolderError(HubgymError, RuntimeError):
     def __init__(self, message: str, folder: str | None = None, pid: int | None = None, run_id: str | None = None):
         self.folder, self.pid, self.run_id = folder, pid, run_id
         super().__init__(message, folder=folder, pid=pid, run_id=run_id)
+
+
+class ChatFormatError(HubgymError, ValueError):
+    """A chat option a run cannot honour: a tool or reasoning parser vLLM does not know (or that does not fit the
+    model's tokenizer), chat template kwargs that are not a JSON object, or an env whose tools the model's chat
+    template ignores. `setting` names the option to change."""
+
+    def __init__(self, message: str, setting: str | None = None):
+        self.setting = setting
+        super().__init__(message, setting=setting)

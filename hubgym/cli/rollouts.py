@@ -64,6 +64,13 @@ def rollout(
     pin: Annotated[Optional[list[str]], typer.Option(help=PIN_HELP)] = None,
     push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
                                                      "(org/name; the run id is the config)")] = None,
+    tool_parser: Annotated[str, typer.Option(help="how tool calls are read from replies: 'hermes' (<tool_call> "
+                                                  "JSON) or any vLLM --tool-call-parser name")] = "hermes",
+    reasoning_parser: Annotated[Optional[str], typer.Option(help="a vLLM --reasoning-parser name (e.g. qwen3, "
+                                                                 "deepseek_r1): <think> text goes to the reply's "
+                                                                 "`reasoning`, rewards see the answer")] = None,
+    chat_template_kwargs: Annotated[Optional[str], typer.Option(help="JSON object passed to the chat template, e.g. "
+                                                                     "'{\"enable_thinking\": false}'")] = None,
     dtype: Annotated[VllmDtype, typer.Option(help="vllm engine: weights and activations; auto: vLLM's choice on a "
                                                   "GPU (bfloat16 for an fp32 checkpoint), float32 on a CPU")]
     = VllmDtype.auto,
@@ -77,6 +84,7 @@ def rollout(
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
+    template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads
     from hubgym.models import FALLBACK_CONTEXT, context_length, resolve_model
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
 
@@ -87,7 +95,8 @@ def rollout(
     else:
         model = resolve_model(model, setting="--model")
         max_model_len = context_length(model, max_model_len, setting="--max-model-len")
-    config = RolloutConfig(envs=envs, model=model, out=str(out),
+    config = RolloutConfig(envs=envs, model=model, out=str(out), tool_parser=tool_parser,
+                           reasoning_parser=reasoning_parser, chat_template_kwargs=template_kwargs,
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
@@ -111,6 +120,22 @@ def rollout(
         pushed = push_rollouts(out, push, hub=hub, progress=True)
         console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
                               f"rollouts -> {pushed.ref}"))
+
+
+def parse_template_kwargs(text: str | None, setting: str) -> dict:
+    """A JSON object of chat template variables; one error line naming the setting when it is not one."""
+    import json
+
+    from hubgym.rollout.tokens import check_chat_template_kwargs
+
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        fail(f"{setting} is not JSON ({exc.msg} at char {exc.pos}); give a JSON object, e.g. "
+             f"'{{\"enable_thinking\": false}}'")
+    return check_chat_template_kwargs(value, setting)
 
 
 def _engine_with_settings(config, settings: dict):

@@ -30,7 +30,7 @@ from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardErr
 from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
 from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, load_shard
-from hubgym.schemas.rollouts import ROLLOUT_FEATURES
+from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
 HubSpec = HubBackend | str | os.PathLike | None
@@ -252,7 +252,7 @@ class RolloutShards(datasets.ArrowBasedBuilder):
 
 def _check_features(loaded: LoadedShard, expected: pa.Schema) -> None:
     """A shard holds every column of the dataset's features, typed as they type it."""
-    schema = loaded.reader.schema
+    schema = upgrade_schema(loaded.reader.schema)  # as its batches are read
     missing = [n for n in expected.names if n not in schema.names]
     other = [n for n in expected.names if n in schema.names and not schema.field(n).type.equals(expected.field(n).type)]
     if missing or other:
@@ -272,6 +272,8 @@ def open_rollouts(source: Source, *, hub: HubSpec = None, streaming: bool = True
     if not sources:
         raise NoShardsError(f"no rollout shards in {source}")
     features = datasets.Features.from_dict(stored) if stored else _local_features(sources)
+    if "completion" in features:  # an older run's completion messages read with today's `reasoning` field
+        features["completion"] = ROLLOUT_FEATURES["completion"]
     recorded = all(s.sha256 for s in sources)  # content-addressed: a cache built from them stays valid
     config_name = "rollouts-" + datasets.fingerprint.Hasher.hash([(s.location, s.sha256) for s in sources])[:16]
     builder = RolloutShards(cache_dir=str(cache_dir) if cache_dir else None, dataset_name="hubgym_rollouts",

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from hubgym.errors import HubConnectionError, ShardError
 from hubgym.fileio import sha256_file
-from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
+from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, column_type_ok, upgrade_batch
 from hubgym.schemas.tasks import parse_json
 
 FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
@@ -52,7 +52,7 @@ class LoadedShard:
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         for i in range(self.reader.num_record_batches):
-            yield self.reader.get_batch(i)
+            yield upgrade_batch(self.reader.get_batch(i))  # an older shard reads with today's column types
 
 
 def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:
@@ -107,7 +107,7 @@ def _check_info(batch: pa.RecordBatch, name: str) -> None:
 def check_schema(schema: pa.Schema, name: str) -> None:
     """Every rollout column, typed as ROLLOUT_SCHEMA types it (extra columns, e.g. re-scoring's, are fine)."""
     bad = [f.name for f in ROLLOUT_SCHEMA
-           if schema.get_field_index(f.name) < 0 or not schema.field(f.name).type.equals(f.type)]
+           if schema.get_field_index(f.name) < 0 or not column_type_ok(f.name, schema.field(f.name).type)]
     if bad:
         raise ShardError(f"shard {name} does not have the rollout schema (missing or mistyped: {', '.join(bad[:8])}"
                          f"{', ...' if len(bad) > 8 else ''}); rollout shards are written by hubgym's ShardWriter",

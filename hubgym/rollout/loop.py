@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hubgym.rollout.engines import Engine, Request, RequestError, Sample, SamplingArgs
-from hubgym.rollout.parsing import parse_tool_calls
+from hubgym.rollout.parsing import ReplyParser
 from hubgym.rollout.tokens import ChatRenderer, TokenRecord
 from hubgym.schemas.messages import Message, ToolCall, assistant, tool_result, user, TOOL_ERROR_PREFIX
 from hubgym.schemas.rollouts import RowError
@@ -24,6 +24,9 @@ from hubgym.schemas.tasks import Task
 from hubgym.tools.base import Toolbox
 from hubgym.tools.registry import make_toolbox
 from hubgym.verifiers.contract import Verifier
+
+
+_DEFAULT_PARSER = ReplyParser(None)  # chat-mode engines without a local tokenizer: Hermes text, no reasoning
 
 
 @dataclass
@@ -124,7 +127,7 @@ async def _generate(traj: Trajectory, ctx: LoopContext, tools, n: int, group: li
 async def _take_turn(traj: Trajectory, sample: Sample, ctx: LoopContext, tools: list[dict] | None) -> None:
     spec, history = traj.task["interaction"], traj.prompt + traj.completion
     _record_model_tokens(traj, sample, ctx)
-    reply, calls = _reply(traj, sample)
+    reply, calls = _reply(traj, sample, ctx.renderer, tools)
     traj.completion.append(reply)
     traj.num_turns += 1
     traj.finish_reason = sample.finish_reason
@@ -141,7 +144,8 @@ async def _take_turn(traj: Trajectory, sample: Sample, ctx: LoopContext, tools: 
     if not traj.done and traj.num_turns >= spec["max_turns"]:
         traj.done, traj.truncated, traj.finish_reason = True, True, "max_turns"
     if not traj.done and ctx.engine.token_in:
-        ids, problem = ctx.renderer.bridge(history, reply, new, tools, sample.finish_reason == "stop")
+        ended = sample.finish_reason == "stop" and ctx.renderer.ends_turn(sample.token_ids)
+        ids, problem = ctx.renderer.bridge(history, reply, new, tools, ended)
         traj.tokens.add_env(ids)
         if problem:
             traj.tokens.mark_inconsistent(f"turn {traj.num_turns}: {problem}")
@@ -164,18 +168,21 @@ def _record_model_tokens(traj: Trajectory, sample: Sample, ctx: LoopContext) -> 
     record.add_model(sample.token_ids, sample.logprobs)
 
 
-def _reply(traj: Trajectory, sample: Sample) -> tuple[Message, list[ToolCall]]:
-    """The assistant message and its tool calls (native, or parsed from text when tools are offered)."""
-    if sample.tool_calls is not None or traj.toolbox is None:
-        calls = sample.tool_calls or []
-        text = sample.text
+def _reply(traj: Trajectory, sample: Sample, renderer: ChatRenderer | None,
+           tools: list[dict] | None) -> tuple[Message, list[ToolCall]]:
+    """The assistant message and its tool calls: native ones (chat mode), else read from the text by the
+    renderer's parser (reasoning split off, tool calls parsed when tools are offered). Call ids are
+    `call-<turn>-<n>`, so a replay reads a stored reply to the same ids."""
+    if sample.tool_calls is not None:
+        calls, text, reasoning = sample.tool_calls, sample.text, None
     else:
-        parsed = parse_tool_calls(sample.text, f"call-{traj.num_turns}")
-        calls, text = parsed.calls, parsed.content if parsed.calls else sample.text
+        parser = renderer.parser if renderer is not None else _DEFAULT_PARSER
+        parsed = parser.parse(sample.text, f"call-{traj.num_turns}", tools if traj.toolbox is not None else None)
+        calls, text, reasoning = parsed.calls, parsed.content, parsed.reasoning
         traj.parse_errors += len(parsed.parse_errors)
     if not text.strip() and not calls:
         traj.empty_responses += 1
-    return assistant(text, calls or None), calls
+    return assistant(text, calls or None, reasoning=reasoning), calls
 
 
 async def _run_tools(traj: Trajectory, calls: list[ToolCall]) -> list[Message]:

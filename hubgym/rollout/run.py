@@ -23,7 +23,9 @@ from hubgym.resolve import load_env_tasks
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
-from hubgym.rollout.tokens import ChatRenderer, audit_tokens
+from hubgym.errors import ChatFormatError
+from hubgym.rollout.parsing import HERMES, check_parser_names
+from hubgym.rollout.tokens import ChatRenderer, audit_tokens, check_chat_template_kwargs, recorded_options
 from hubgym.rollout.writer import FLUSH_EVERY_S, PendingShard, ShardWriter, worker_name
 from hubgym.schemas.rollouts import Rollout
 from hubgym.schemas.version import SCHEMA_VERSION
@@ -54,12 +56,27 @@ class RolloutConfig:
     hub: str | None = None  # where `org/name@revision` envs are loaded from (default: $HUBGYM_HUB or the local hub)
     trust: bool = False  # run hub verifiers unpinned (else each needs a pin)
     pins: dict[str, str] = field(default_factory=dict)  # hub repo -> "sha256:<hex>" of its verifier
+    tool_parser: str = HERMES  # how replies' tool calls are read: "hermes" (<tool_call> JSON) or a vLLM parser name
+    reasoning_parser: str | None = None  # a vLLM reasoning parser name: splits <think>...</think> into `reasoning`
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to every apply_chat_template
 
     def run_id(self) -> str:
         # Where the run is written, how it is split and where the server listens do not change what it samples.
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins", "flush_every_s")}
+        for name, default in (("tool_parser", HERMES), ("reasoning_parser", None), ("chat_template_kwargs", {})):
+            if keep[name] == default:  # left out at their defaults: runs from before these options keep their ids
+                del keep[name]
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    def chat_options(self) -> dict[str, Any]:
+        """tool_parser, reasoning_parser and chat_template_kwargs, as ChatRenderer takes them."""
+        return {"tool_parser": self.tool_parser, "reasoning_parser": self.reasoning_parser,
+                "chat_template_kwargs": self.chat_template_kwargs}
+
+    def recorded_sampling(self) -> dict[str, Any]:
+        """The sampling arguments plus the chat options that differ from the defaults (provenance and manifest)."""
+        return {**self.sampling.to_dict(), **recorded_options(self.chat_options())}
 
 
 def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
@@ -81,7 +98,36 @@ def make_engine(config: RolloutConfig) -> Engine:
     raise ValueError(f"engine is {config.engine!r}; use 'vllm' or 'openai'")
 
 
-def make_renderer(engine: Engine, model: str) -> ChatRenderer | None:
+def check_chat_options(config: RolloutConfig) -> None:
+    """Parser names vLLM knows and template kwargs that are a JSON object: checked before the engine starts."""
+    check_chat_template_kwargs(config.chat_template_kwargs, "--chat-template-kwargs")
+    check_parser_names(config.tool_parser, config.reasoning_parser, tool_setting="--tool-parser",
+                       reasoning_setting="--reasoning-parser")
+
+
+def check_tools_rendered(renderer: ChatRenderer | None, envs: list[Any], model: str) -> None:
+    """Refuse envs that offer tools when the model's chat template does not show them to the model.
+
+    Such a template drops `tools` silently: the model would be scored on calls it was never told about.
+    """
+    if renderer is None or renderer.renders_tools:
+        return
+    for env in envs:
+        tools = sorted({t for task in env.tasks for t in task["interaction"]["tools"] or []})
+        if tools:
+            raise ChatFormatError(
+                f"env {env.env!r} offers tools ({', '.join(tools)}) but the chat template of model {model!r} ignores "
+                f"`tools` (rendering with and without a tool gives the same prompt), so the model would never see "
+                f"them; use a model whose chat template renders tools (e.g. a Qwen or Hermes template; "
+                f"`--model tiny` has one), or leave out {env.env!r}", setting="--model")
+
+
+def make_renderer(engine: Engine, model: str, *, tool_parser: str = HERMES, reasoning_parser: str | None = None,
+                  chat_template_kwargs: dict[str, Any] | None = None) -> ChatRenderer | None:
+    """The engine's tokenizer (else the model's) with the run's chat options; None for a chat-mode server whose
+    tokenizer is not available here."""
+    options = {"tool_parser": tool_parser, "reasoning_parser": reasoning_parser,
+               "chat_template_kwargs": chat_template_kwargs}
     tokenizer = getattr(engine, "tokenizer", None)
     if tokenizer is None:
         try:
@@ -92,7 +138,7 @@ def make_renderer(engine: Engine, model: str) -> ChatRenderer | None:
             if engine.token_in:
                 raise
             return None
-    return ChatRenderer(tokenizer)
+    return ChatRenderer(tokenizer, **options)
 
 
 def rollout_id(run_id: str, task_id: str, sample: int) -> str:
@@ -126,7 +172,8 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
         "error": error,
         "provenance": {
             "model": config.model, "policy_version": config.policy_version,
-            "sampling": json.dumps(config.sampling.to_dict(), sort_keys=True), "env_repo": env_repo, "env_revision": env_revision,
+            "sampling": json.dumps(config.recorded_sampling(), sort_keys=True), "env_repo": env_repo,
+            "env_revision": env_revision,
             "verifier_module": verifier.name, "verifier_sha256": verifier.sha256, "engine": engine.name,
             "engine_version": engine.version,
             "chat_template_sha256": renderer.template_sha256 if renderer else None,
@@ -139,6 +186,21 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
         tools = traj.toolbox.schemas() if traj.toolbox else None
         row["tokens_consistent"] = audit_tokens(row, renderer, tools).ok
     return row
+
+
+def _early_renderer(config: RolloutConfig, engine: Engine | None) -> ChatRenderer | None:
+    """The run's renderer from the given engine's tokenizer or the model folder, before any engine starts;
+    None when neither is at hand (a served model's name): it is made once the engine is."""
+    if engine is not None:
+        return make_renderer(engine, config.model, **config.chat_options())
+    if config.engine != "vllm" and not Path(config.model).is_dir():
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return ChatRenderer(AutoTokenizer.from_pretrained(config.model), **config.chat_options())
+    except OSError:
+        return None
 
 
 @dataclass
@@ -156,6 +218,7 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
     """Generate, score and store rollouts for every task of this worker; resumes a previous run. Ctrl-C stores
     the groups already finished and raises KeyboardInterrupt."""
     run_id = config.run_id()
+    check_chat_options(config)
     envs = [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
             for spec in config.envs]
     # Before the engine starts: a folder of another run, or one another process writes, is refused at once.
@@ -166,8 +229,12 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                 and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
         skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards))
         skipped = (skipped - len(todo)) * config.n
+        early = _early_renderer(config, engine)  # tools the template ignores are refused before vLLM starts
+        check_tools_rendered(early, envs, config.model)
         engine = engine or make_engine(config)
-        renderer = make_renderer(engine, config.model)
+        renderer = make_renderer(engine, config.model, **config.chat_options())
+        if early is None:
+            check_tools_rendered(renderer, envs, config.model)
         started = time.perf_counter()
         stats = {"written": 0, "tokens": 0}
         try:
@@ -231,7 +298,7 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
 def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:
     return {
         "schema_version": SCHEMA_VERSION, "run_id": run_id, "worker": writer.worker,
-        "model": config.model, "policy_version": config.policy_version, "sampling": config.sampling.to_dict(),
+        "model": config.model, "policy_version": config.policy_version, "sampling": config.recorded_sampling(),
         "engine": engine.name, "engine_version": engine.version,
         "chat_template_sha256": renderer.template_sha256 if renderer else None,
         "envs": {e.env: {"config": e.config, "tasks": len(e.tasks), "verifier_module": e.verifier.name,

@@ -17,11 +17,15 @@ turn whose logprobs the engine did not return (stored as 0.0).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any
 
+from hubgym.errors import ChatFormatError
+from hubgym.rollout.parsing import HERMES, ReplyParser
 from hubgym.schemas.messages import Message, assistant, to_openai, user
 
 _MARK = "\x00hubgym-mark\x00"
@@ -41,7 +45,7 @@ class TokenRecord:
 
     def add_model(self, ids: list[int], logprobs: list[float]) -> None:
         if len(ids) != len(logprobs):
-            raise ValueError(f"engine returned {len(ids)} token ids but {len(logprobs)} logprobs")
+            raise ChatFormatError(f"engine returned {len(ids)} token ids but {len(logprobs)} logprobs")
         self.completion_ids += ids
         self.mask += [1] * len(ids)
         self.logprobs += logprobs
@@ -57,19 +61,63 @@ class TokenRecord:
 
 
 class ChatRenderer:
-    """Renders messages with a tokenizer's chat template and computes the tokens between turns."""
+    """Renders messages with a tokenizer's chat template and computes the tokens between turns.
 
-    def __init__(self, tokenizer: Any):
+    `chat_template_kwargs` go to every `apply_chat_template` call (e.g. {"enable_thinking": False});
+    `tool_parser` / `reasoning_parser` pick how replies are read (`parsing.ReplyParser`). The loop, the
+    writer's audit and `hubgym replay` all render and read through one renderer, so they agree.
+    """
+
+    def __init__(self, tokenizer: Any, *, chat_template_kwargs: dict[str, Any] | None = None,
+                 tool_parser: str = HERMES, reasoning_parser: str | None = None):
         self.tokenizer = tokenizer
+        self.chat_template_kwargs = check_chat_template_kwargs(chat_template_kwargs)
+        self.parser = ReplyParser(tokenizer, tool_parser, reasoning_parser, self.chat_template_kwargs)
         self.template = tokenizer.chat_template or ""
         self.template_sha256 = hashlib.sha256(self.template.encode()).hexdigest()
         self.eos_text: str = tokenizer.eos_token or ""
+        self.stop_ids: frozenset[int] = stop_token_ids(tokenizer)
         rendered = self.render([user("x"), assistant(_MARK)], None, add_generation_prompt=False)
         self.turn_closing = rendered.split(_MARK, 1)[1]  # what follows an assistant's content, e.g. "<|im_end|>\n"
+        # The stop token the closing starts with: sampled by the model, so the bridge does not add it again.
+        stops = [self.eos_text] + [tokenizer.convert_ids_to_tokens(i) for i in sorted(self.stop_ids)]
+        self.closing_stop: str = next((t for t in stops if t and self.turn_closing.startswith(t)), "")
+
+    def chat_options(self) -> dict[str, Any]:
+        """The options that change how this renderer renders and reads, as a run records them (defaults left out)."""
+        return recorded_options({"tool_parser": self.parser.tool_parser, "reasoning_parser": self.parser.reasoning_parser,
+                                 "chat_template_kwargs": self.chat_template_kwargs})
+
+    def for_row(self, row: dict[str, Any]) -> ChatRenderer:
+        """A renderer with the chat options the row was sampled with (its provenance records them), so a
+        replay renders and reads a row as its run did. A row that records none gets this renderer."""
+        recorded = recorded_chat_options(row)
+        if recorded is None or recorded == self.chat_options():
+            return self
+        key = json.dumps(recorded, sort_keys=True)
+        variants = self.__dict__.setdefault("_variants", {})
+        if key not in variants:
+            variants[key] = ChatRenderer(self.tokenizer, **recorded)
+        return variants[key]
+
+    @functools.cached_property
+    def renders_tools(self) -> bool:
+        """Whether the template shows the model its tools: rendering with one tool differs from rendering none."""
+        probe = {"type": "function", "function": {"name": "hubgym_probe", "description": "probe",
+                                                  "parameters": {"type": "object", "properties": {}}}}
+        messages = [user("x")]
+        return self.render(messages, [probe], add_generation_prompt=True) != self.render(
+            messages, None, add_generation_prompt=True)
 
     def render(self, messages: list[Message], tools: list[dict] | None, *, add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template([to_openai(m) for m in messages], tools=tools or None,
-                                                  tokenize=False, add_generation_prompt=add_generation_prompt)
+                                                  tokenize=False, add_generation_prompt=add_generation_prompt,
+                                                  **self.chat_template_kwargs)
+
+    def ends_turn(self, ids: list[int]) -> bool:
+        """Whether sampled ids end on the stop token that opens the template's turn closing (e.g. `<|im_end|>`)."""
+        return bool(ids) and ids[-1] in self.stop_ids and bool(self.closing_stop) and \
+            self.tokenizer.convert_ids_to_tokens(ids[-1]) == self.closing_stop
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -86,8 +134,8 @@ class ChatRenderer:
         before = self.render(history + [reply], tools, add_generation_prompt=False)
         after = self.render(history + [reply] + new, tools, add_generation_prompt=True)
         closing = self.turn_closing
-        if ended_with_eos and self.eos_text and closing.startswith(self.eos_text):
-            closing = closing[len(self.eos_text):]  # the model already sampled the end-of-turn token
+        if ended_with_eos and self.closing_stop:
+            closing = closing[len(self.closing_stop):]  # the model already sampled the end-of-turn token
         if after.startswith(before):
             return self.encode(closing + after[len(before):]), None
         common = _common_prefix(before, after)
@@ -112,6 +160,61 @@ class ChatRenderer:
         elif not new and self.turn_closing in after:  # only the generation prompt follows the reply
             return after[after.rfind(self.turn_closing) + len(self.turn_closing):]
         return after[common:]
+
+
+RESERVED_KWARGS = ("conversation", "messages", "tools", "tokenize", "add_generation_prompt")
+
+
+def check_chat_template_kwargs(kwargs: Any, setting: str = "chat_template_kwargs") -> dict[str, Any]:
+    """The kwargs as a dict; ChatFormatError in one line when they are not a JSON object of template variables."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) for k in kwargs):
+        raise ChatFormatError(f"{setting} must be a JSON object of chat template variables, e.g. "
+                         f'{{"enable_thinking": false}}; got {json.dumps(kwargs, default=str)[:80]}', setting=setting)
+    taken = [k for k in kwargs if k in RESERVED_KWARGS]
+    if taken:
+        raise ChatFormatError(f"{setting} sets {', '.join(taken)}, which hubgym sets on every render; remove "
+                         f"{'it' if len(taken) == 1 else 'them'}", setting=setting)
+    try:
+        json.dumps(kwargs)
+    except (TypeError, ValueError):
+        raise ChatFormatError(f"{setting} must hold only JSON values (strings, numbers, booleans, lists, objects), "
+                         f"so the run can record them", setting=setting) from None
+    return dict(kwargs)
+
+
+CHAT_OPTIONS = ("tool_parser", "reasoning_parser", "chat_template_kwargs")
+
+
+def recorded_chat_options(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The chat options in a row's provenance (its `sampling` JSON); None when the row records no sampling."""
+    text = (row.get("provenance") or {}).get("sampling")
+    if not text:
+        return None
+    try:
+        sampling = json.loads(text)
+    except ValueError:
+        return None
+    return recorded_options({k: sampling.get(k) for k in CHAT_OPTIONS})
+
+
+def recorded_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Chat options as runs record them: those at their defaults (hermes, no reasoning parser, no kwargs) left out."""
+    return {k: v for k, v in options.items() if k in CHAT_OPTIONS and v not in (None, {}, HERMES)}
+
+
+def stop_token_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids vLLM stops a reply on: the tokenizer's eos plus generation_config.json's eos_token_id(s)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    config = Path(getattr(tokenizer, "name_or_path", "") or ".") / "generation_config.json"
+    if config.is_file():
+        try:
+            eos = json.loads(config.read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            eos = None
+        ids |= set(eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else [])
+    return frozenset(ids)
 
 
 # ---- the audit: do the stored ids read as the template's rendering of the stored messages? ---------------------
@@ -154,6 +257,7 @@ def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] 
     ids = list(row["prompt_ids"]) + list(row["completion_ids"])
     if not ids:
         return TokenAudit(0)
+    renderer = renderer.for_row(row)
     tools = tools if tools is not None else _tools(row)
     runs = _sampled_runs(row)
     replies = [_decode(renderer, _reply_ids(ids[a:b], renderer)) for a, b in runs]
@@ -171,7 +275,7 @@ def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] 
         return TokenAudit(len(ids), index, turn, part, _around(stored, at), _around(rendered, at))
     for turn, ((start, end), text, i) in enumerate(zip(runs, replies, turns), 1):
         message = row["completion"][i - len(row["prompt"])]
-        if not _loop_reading(text, bool(row["interaction"]["tools"]), message):
+        if not _loop_reading(text, tools if row["interaction"]["tools"] else None, message, renderer):
             shown = (message["content"] or "") + "".join(f"<tool_call>{_call_key(c)}" for c in
                                                          message.get("tool_calls") or [])
             at = _common_prefix(text, shown)
@@ -197,9 +301,8 @@ def _assistant_turns(row: dict[str, Any]) -> list[int]:
 
 
 def _reply_ids(ids: list[int], renderer: ChatRenderer) -> list[int]:
-    """A turn's sampled ids without the end-of-turn token it stopped on (not part of the reply's text)."""
-    eos = renderer.tokenizer.eos_token_id
-    return ids[:-1] if ids and ids[-1] == eos else ids
+    """A turn's sampled ids without the stop token it ended on (not part of the reply's text)."""
+    return ids[:-1] if ids and ids[-1] in renderer.stop_ids else ids
 
 
 def _decode_pieces(ids: list[int], runs: list[tuple[int, int]], replies: list[str], renderer: ChatRenderer) -> str:
@@ -212,16 +315,15 @@ def _decode_pieces(ids: list[int], runs: list[tuple[int, int]], replies: list[st
     return "".join(pieces) + _decode(renderer, ids[at:])
 
 
-def _loop_reading(text: str, tools_offered: bool, message: Message) -> bool:
-    """Whether `message` is what the loop makes of a reply that reads `text`."""
-    if not tools_offered:
-        return (message["content"] or "") == text and not message.get("tool_calls")
-    from hubgym.rollout.parsing import parse_tool_calls
-
-    parsed = parse_tool_calls(text, "call")
-    content = parsed.content if parsed.calls else text
+def _loop_reading(text: str, tools: list[dict] | None, message: Message, renderer: ChatRenderer) -> bool:
+    """Whether `message` is what the loop makes of a reply that reads `text` (through the renderer's parser)."""
+    parsed = renderer.parser.parse(text, "call", tools)
+    if message.get("reasoning") != parsed.reasoning:
+        return False
+    if not tools:
+        return (message["content"] or "") == parsed.content and not message.get("tool_calls")
     calls = [_call_key(c) for c in parsed.calls] == [_call_key(c) for c in message.get("tool_calls") or []]
-    return calls and (message["content"] or "").strip() == content.strip()
+    return calls and (message["content"] or "").strip() == parsed.content.strip()
 
 
 def _call_key(call: dict[str, Any]) -> str:

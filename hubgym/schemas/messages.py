@@ -6,7 +6,7 @@ Mirrors an OpenAI chat message, with tool calls flattened to `{id, name, argumen
 
 from __future__ import annotations
 
-from typing import Literal, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 import datasets
 
@@ -28,6 +28,7 @@ class Message(TypedDict):
     tool_calls: list[ToolCall] | None
     tool_call_id: str | None
     name: str | None
+    reasoning: NotRequired[str | None]  # assistant replies only: what a reasoning parser split off the answer
 
 
 TOOL_CALL_FEATURES = {
@@ -44,6 +45,10 @@ MESSAGE_FEATURES = {
 }
 MESSAGE = datasets.Features({"m": MESSAGE_FEATURES}).arrow_schema.field("m").type
 """The Arrow struct type of a Message (derived from the datasets features, so the two never drift)."""
+REPLY_FEATURES = {**MESSAGE_FEATURES, "reasoning": datasets.Value("string")}
+"""A message of a rollout's completion: a Message plus the reply's `reasoning` (null when none). Task prompts keep
+MESSAGE_FEATURES, so task tables are unchanged; rollout shards written before the field read with it null."""
+REPLY = datasets.Features({"m": REPLY_FEATURES}).arrow_schema.field("m").type
 
 
 def message(
@@ -66,8 +71,11 @@ def user(content: str) -> Message:
     return message("user", content)
 
 
-def assistant(content: str | None = None, tool_calls: list[ToolCall] | None = None) -> Message:
-    return message("assistant", content, tool_calls=tool_calls)
+def assistant(content: str | None = None, tool_calls: list[ToolCall] | None = None, *,
+              reasoning: str | None = None) -> Message:
+    """An assistant message; `reasoning` (the key only when given) is what a reasoning parser split off."""
+    msg = message("assistant", content, tool_calls=tool_calls)
+    return {**msg, "reasoning": reasoning} if reasoning is not None else msg
 
 
 def tool_result(content: str, tool_call_id: str, name: str) -> Message:
@@ -80,13 +88,14 @@ def tool_call(id: str, name: str, arguments: str) -> ToolCall:
 
 def normalize(msg: dict) -> Message:
     """Fill missing keys with None so a loosely written message matches the Arrow struct."""
-    return message(
+    out = message(
         msg["role"],
         msg.get("content"),
         tool_calls=[tool_call(c["id"], c["name"], c["arguments"]) for c in msg["tool_calls"]] if msg.get("tool_calls") else None,
         tool_call_id=msg.get("tool_call_id"),
         name=msg.get("name"),
     )
+    return {**out, "reasoning": msg["reasoning"]} if msg.get("reasoning") is not None else out
 
 
 def to_openai(msg: Message) -> dict:

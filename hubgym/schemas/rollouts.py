@@ -12,7 +12,9 @@ from typing import Any, TypedDict
 
 import datasets
 
-from hubgym.schemas.messages import MESSAGE_FEATURES, Message
+import pyarrow as pa
+
+from hubgym.schemas.messages import MESSAGE_FEATURES, REPLY_FEATURES, Message
 from hubgym.schemas.tasks import INTERACTION_FEATURES, Interaction
 
 ERROR_BOUNDARIES: tuple[str, ...] = ("engine", "tool", "verifier", "parse", "env")
@@ -87,7 +89,7 @@ ROLLOUT_FEATURES = datasets.Features(
         "group": datasets.Value("string"),
         "sample": datasets.Value("int32"),
         "prompt": datasets.List(MESSAGE_FEATURES),
-        "completion": datasets.List(MESSAGE_FEATURES),
+        "completion": datasets.List(REPLY_FEATURES),
         "info": datasets.Json(),
         "interaction": INTERACTION_FEATURES,
         "prompt_ids": datasets.List(datasets.Value("int32")),
@@ -128,3 +130,35 @@ ROLLOUT_FEATURES = datasets.Features(
 )
 ROLLOUT_SCHEMA = ROLLOUT_FEATURES.arrow_schema
 ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
+LEGACY_COMPLETION_TYPE = datasets.Features({"c": datasets.List(MESSAGE_FEATURES)}).arrow_schema.field("c").type
+"""`completion` as shards written before replies had a `reasoning` field store it; read as if it were null."""
+
+
+def column_type_ok(name: str, actual: pa.DataType) -> bool:
+    """Whether a stored column has the rollout schema's type (or an older one `upgrade_batch` reads)."""
+    expected = ROLLOUT_SCHEMA.field(name).type
+    return actual.equals(expected) or (name == "completion" and actual.equals(LEGACY_COMPLETION_TYPE))
+
+
+def upgrade_schema(schema: pa.Schema) -> pa.Schema:
+    """The schema `upgrade_batch` gives a stored batch of this schema."""
+    at = schema.get_field_index("completion")
+    if at < 0 or not schema.field(at).type.equals(LEGACY_COMPLETION_TYPE):
+        return schema
+    return schema.set(at, ROLLOUT_SCHEMA.field("completion"))
+
+
+def upgrade_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A stored batch with today's column types: an older shard's completion messages get `reasoning` null."""
+    at = batch.schema.get_field_index("completion")
+    if at < 0 or not batch.schema.field(at).type.equals(LEGACY_COMPLETION_TYPE):
+        return batch
+    old = batch.column(at)
+    structs = old.values
+    reasoning = pa.nulls(len(structs), pa.string())
+    fields = [structs.field(i) for i in range(structs.type.num_fields)] + [reasoning]
+    names = [structs.type.field(i).name for i in range(structs.type.num_fields)] + ["reasoning"]
+    values = pa.StructArray.from_arrays(fields, names=names, mask=structs.is_null() if structs.null_count else None)
+    upgraded = pa.ListArray.from_arrays(old.offsets, values, type=ROLLOUT_SCHEMA.field("completion").type,
+                                        mask=old.is_null() if old.null_count else None)
+    return batch.set_column(at, ROLLOUT_SCHEMA.field("completion"), upgraded)

@@ -62,6 +62,37 @@ class Sampling(Section):
     temperature: float = Field(1.0, ge=0, description="sampling temperature of online rollouts")
     top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of online rollouts")
     max_tokens: int = Field(1024, ge=1, description="tokens per turn")
+    tool_parser: str = Field("hermes", description="how tool calls are read from replies: 'hermes' (<tool_call> "
+                             "JSON) or any vLLM --tool-call-parser name")
+    reasoning_parser: str | None = Field(None, description="a vLLM --reasoning-parser name (e.g. qwen3): <think> "
+                                         "text goes to the reply's `reasoning`; rewards see only the answer")
+    chat_template_kwargs: dict[str, Any] = Field(default_factory=dict, description="JSON object passed to every "
+                                                 "chat template render, e.g. {enable_thinking: false}")
+
+    @field_validator("chat_template_kwargs", mode="before")
+    @classmethod
+    def _template_kwargs(cls, value: Any) -> Any:
+        """Not a JSON object of template variables: one line naming the fix (pydantic's own is a type dump)."""
+        from hubgym.rollout.tokens import check_chat_template_kwargs
+
+        try:
+            return check_chat_template_kwargs(value, "sampling.chat_template_kwargs")
+        except HubgymError as exc:
+            raise ValueError(str(exc)) from None
+
+    @model_validator(mode="after")
+    def _known_parsers(self) -> "Sampling":
+        """A parser name vLLM does not know: one line listing the known names (vLLM is imported only then)."""
+        if self.tool_parser == "hermes" and self.reasoning_parser is None:
+            return self
+        from hubgym.rollout.parsing import check_parser_names
+
+        try:
+            check_parser_names(self.tool_parser, self.reasoning_parser, tool_setting="sampling.tool_parser",
+                               reasoning_setting="sampling.reasoning_parser")
+        except HubgymError as exc:
+            raise ValueError(str(exc)) from None
+        return self
 
 
 class Grpo(Section):

@@ -61,15 +61,17 @@ def env_metrics(rows: list[dict[str, Any]], prefix: str = "env") -> dict[str, fl
 
 def evaluate(engine, envs: list[str], *, model: str, out: Path, step: int, split: str, limit: int, n: int,
              temperature: float, max_tokens: int, seed: int, max_model_len: int, hub: str | None = None,
-             trust: bool = False, pins: dict[str, str] | None = None) -> dict[str, float]:
-    """Sample the held-out split of each env with the current weights; eval/<env>/* metrics."""
+             trust: bool = False, pins: dict[str, str] | None = None,
+             chat_options: dict[str, Any] | None = None) -> dict[str, float]:
+    """Sample the held-out split of each env with the current weights; eval/<env>/* metrics. `chat_options`:
+    tool_parser, reasoning_parser, chat_template_kwargs, as the online rollouts use them."""
     from hubgym.rollout.report import scan_rollouts, summarize
     from hubgym.rollout.run import RolloutConfig, run_rollouts
 
     config = RolloutConfig(envs=envs, model=model, out=str(out / f"step-{step:06d}"), n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            policy_version=step, max_model_len=max_model_len, hub=hub, trust=trust,
-                           pins=dict(pins or {}))
+                           pins=dict(pins or {}), **(chat_options or {}))
     run_rollouts(config, engine=engine, progress=False)
     table = summarize(scan_rollouts([config.out]))
     metrics: dict[str, float] = {}

@@ -32,8 +32,8 @@ from hubgym.hub.rollouts import iter_rollouts
 from hubgym.resolve import EnvTasks, load_env_tasks
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
-from hubgym.rollout.run import RolloutConfig, to_row
-from hubgym.rollout.tokens import ChatRenderer
+from hubgym.rollout.run import RolloutConfig, check_tools_rendered, to_row
+from hubgym.rollout.tokens import ChatRenderer, recorded_options
 from hubgym.rollout.runlock import RunLock
 from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import ConfigError
@@ -51,12 +51,17 @@ class OnlineProducer:
 
     def __init__(self, envs: list[tuple[str, float]], *, split: str, model: str, out_dir: str | Path, n: int,
                  sampling: SamplingArgs, max_model_len: int, seed: int = 0, hub: str | None = None, trust: bool = False,
-                 pins: dict[str, str] | None = None, stop: threading.Event | None = None):
+                 pins: dict[str, str] | None = None, stop: threading.Event | None = None,
+                 chat_options: dict[str, Any] | None = None):
         self.envs = [MixEnv(load_env_tasks(spec, split, None, hub=hub, trust=trust, pins=pins), weight, spec)
                      for spec, weight in envs]
         self.split, self.model, self.out_dir, self.n = split, model, Path(out_dir), n
         self.sampling, self.max_model_len, self.seed = sampling, max_model_len, seed
         self.stop = stop if stop is not None else threading.Event()
+        # tool_parser, reasoning_parser, chat_template_kwargs (train config `sampling`): how the policy's chat is
+        # rendered and read; in the run id and provenance, as a `hubgym rollout` run records them.
+        self.chat_options = dict(chat_options or {})
+        self._renderer: ChatRenderer | None = None
 
     def pick(self, step: int, groups: int) -> list[tuple[MixEnv, dict]]:
         """Tasks for one step: groups split across envs by weight, no task twice in a step.
@@ -77,7 +82,18 @@ class OnlineProducer:
     def rollout_config(self, step: int, version: int) -> RolloutConfig:
         return RolloutConfig(envs=[e.spec for e in self.envs], model=self.model, out=str(self.out_dir),
                              n=self.n, split=self.split, policy_version=version, max_model_len=self.max_model_len,
-                             sampling=SamplingArgs(**{**self.sampling.to_dict(), "seed": self.seed + step}))
+                             sampling=SamplingArgs(**{**self.sampling.to_dict(), "seed": self.seed + step}),
+                             **self.chat_options)
+
+    def renderer(self, given: ChatRenderer) -> ChatRenderer:
+        """The trainer's renderer with this run's chat options (made once); envs whose tools the template
+        ignores are refused here, before the first step samples anything."""
+        if self._renderer is None or self._renderer.tokenizer is not given.tokenizer:
+            options = self.rollout_config(0, 0).chat_options()
+            self._renderer = given if given.chat_options() == recorded_options(options) else ChatRenderer(
+                given.tokenizer, **options)
+            check_tools_rendered(self._renderer, [e.tasks for e in self.envs], self.model)
+        return self._renderer
 
     @staticmethod
     def worker(step: int) -> str:
@@ -98,6 +114,7 @@ class OnlineProducer:
             return stored
         for stale in (self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"):  # killed before its manifest
             stale.unlink()
+        renderer = self.renderer(renderer)
         config, picks = self.rollout_config(step, version), self.pick(step, groups)
         run_id = config.run_id()
         rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
@@ -112,7 +129,7 @@ class OnlineProducer:
                               "verifier_module": e.tasks.verifier.name, "verifier_sha256": e.tasks.verifier.sha256,
                               "env_repo": e.tasks.repo, "env_revision": e.tasks.revision} for e in self.envs}
         writer.write_manifest({"run_id": run_id, "step": step, "policy_version": version, "rows": len(rows),
-                               "complete": True, "model": self.model, "sampling": config.sampling.to_dict(),
+                               "complete": True, "model": self.model, "sampling": config.recorded_sampling(),
                                "envs": envs, "shards": [p.name for p in writer.shards()]})
         return rows
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from hubgym.hub.rollout_reader import local_shard_sources
 from hubgym.hub.shards import load_shard
+from hubgym.schemas.rollouts import upgrade_batch
 from hubgym.schemas.tasks import parse_json
 
 # What grouping, packing and the per-env training metrics read; the messages stay on disk.
@@ -81,6 +82,6 @@ class LocalShards:
                 self._reader = None
                 return None
             self._reader, self._batch = load_shard(self._sources[self._file]).reader, 0
-        batch = self._reader.get_batch(self._batch)
+        batch = upgrade_batch(self._reader.get_batch(self._batch))  # an older shard: today's column types
         self._batch += 1
         return batch

@@ -302,7 +302,14 @@ class Trainer:
                               sampling=SamplingArgs(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                                                     seed=self.cfg.seed),
                               max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed, hub=self.hub,
-                              trust=self.trust, pins=self.pins, stop=self.worker.stopping)
+                              trust=self.trust, pins=self.pins, stop=self.worker.stopping,
+                              chat_options=self._chat_options())
+
+    def _chat_options(self) -> dict[str, Any]:
+        """How online and evaluation rollouts render and read the chat (train config `sampling`)."""
+        s = self.cfg.sampling
+        return {"tool_parser": s.tool_parser, "reasoning_parser": s.reasoning_parser,
+                "chat_template_kwargs": s.chat_template_kwargs}
 
     def _sync(self, version: int) -> None:
         """Queue loading the current weights into vLLM as `version` (only when something samples: online steps
@@ -345,7 +352,7 @@ class Trainer:
                            out=self.out / "eval", step=step, split=e.split, limit=e.limit, n=e.n,
                            temperature=e.temperature, max_tokens=self.cfg.sampling.max_tokens, seed=self.cfg.seed,
                            max_model_len=self.cfg.online.max_model_len, hub=self.hub, trust=self.trust,
-                           pins=self.pins)
+                           pins=self.pins, chat_options=self._chat_options())
         log.log(step, metrics)
         return metrics
 
