@@ -163,7 +163,7 @@ class RemoteWeights:
         workers = int((self._call("GET", "/get_world_size") or {}).get("world_size", 1))
         address = self.nccl_address or _route_address(self.root)
         info = NCCLTrainerInitInfo(master_address=address, master_port=free_port(), world_size=workers + 1, rank=0)
-        self._source = _TensorSource()
+        self._source = _tensor_source()
         return WeightTransferTrainerFactory.trainer_init(info, client=HTTPVLLMWeightSyncClient(self.root),
                                                          source=self._source)
 
@@ -178,28 +178,23 @@ def sync_remote_weights(engine: ServerEngine, named_tensors: NamedTensors, polic
     return engine.weights.sync(engine, named_tensors, policy_version, scratch)
 
 
-class _TensorSource:
-    """vLLM's `WeightSource` over the tensors of the current push, moved to this process's GPU."""
+def _tensor_source() -> Any:
+    """vLLM's `WeightSource` over the tensors of the current push (set `.tensors` before each), moved to this
+    process's GPU as they are sent. Defined when first needed: it subclasses a vLLM class."""
+    from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
 
-    def __init__(self) -> None:
-        self.tensors: dict = {}
+    class TensorSource(WeightSource):
+        def __init__(self) -> None:
+            self.tensors: dict = {}
 
-    def metadata(self) -> list:
-        from vllm.distributed.weight_transfer.base import ParamMeta
+        def metadata(self) -> list[ParamMeta]:
+            return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
 
-        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self.tensors.items()]
+        def __iter__(self):
+            for name, tensor in self.tensors.items():
+                yield name, tensor.to("cuda", non_blocking=True)
 
-    def __iter__(self):
-        for name, tensor in self.tensors.items():
-            yield name, tensor.to("cuda", non_blocking=True)
-
-    def held_names(self) -> None:
-        return None
-
-    def groups(self) -> list[list[str]]:
-        from vllm.distributed.weight_transfer.base import layerwise_groups
-
-        return layerwise_groups(list(self.tensors))
+    return TensorSource()
 
 
 def server_root(base_url: str) -> str:
