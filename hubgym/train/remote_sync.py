@@ -114,25 +114,31 @@ class RemoteWeights:
         model_dir = resolve_model_dir(self.model_dir)
         tensors = prepare_weights(named_tensors, checkpoint_layout(model_dir), tied_embeddings(model_dir),
                                   model=self.model_dir)
-        self._call("POST", "/pause?mode=wait&clear_cache=false")
+        self._call("POST", "/pause?mode=wait&clear_cache=false")  # running requests finish, new ones wait
         try:
-            if self.transfer == "file":
-                self._push_file(tensors, scratch)
-            else:
-                self._push_nccl(tensors)
-            reset = self._call("POST", "/reset_prefix_cache") or {}
-            if not reset.get("success", False):
-                raise EngineError(f"the vLLM server at {self.base_url} could not drop its prefix cache after loading "
-                                  f"weights v{policy_version} (blocks still held); push again")
-            self._call("POST", "/update_weight_version", {"new_version": str(policy_version)})
-        finally:
-            self._call("POST", "/resume")
+            self._load(tensors, policy_version, scratch)
+        except BaseException:
+            _request(self.root, "POST", "/resume", timeout=30.0, base_url=self.base_url, quiet=True)  # best effort
+            raise
+        self._call("POST", "/resume")
         if engine is not None:
             engine.policy_version = policy_version
         seconds = time.perf_counter() - started
         log.info("weights v%d pushed to the vLLM server at %s in %.3fs (%s, %d tensors)", policy_version, self.root,
                  seconds, self.transfer, len(tensors))
         return seconds
+
+    def _load(self, tensors: dict, policy_version: int, scratch: str | Path | None) -> None:
+        """On the paused server: the weights in, the prefix cache out, the version on."""
+        if self.transfer == "file":
+            self._push_file(tensors, scratch)
+        else:
+            self._push_nccl(tensors)
+        reset = self._call("POST", "/reset_prefix_cache") or {}
+        if not reset.get("success", False):
+            raise EngineError(f"the vLLM server at {self.base_url} could not drop its prefix cache after loading "
+                              f"weights v{policy_version} (blocks still held); push again")
+        self._call("POST", "/update_weight_version", {"new_version": str(policy_version)})
 
     def version(self) -> str | None:
         """The weight version the server reports (`/weight_info`)."""
@@ -227,7 +233,8 @@ def _request(root: str, method: str, path: str, body: dict | None = None, *, tim
     """One JSON call to the server. No answer: EngineError naming vllm.base_url (None when `quiet`); a 404 with
     `missing_ok`: None; another HTTP error: EngineError with the server's own message."""
     data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
-    request = urllib.request.Request(root + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(root + path, data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             payload = response.read()
@@ -243,8 +250,9 @@ def _request(root: str, method: str, path: str, body: dict | None = None, *, tim
         if quiet:
             return None
         reason = getattr(exc, "reason", exc)
-        raise EngineError(f"no vLLM server answers at {base_url} ({SETTING}): {reason}; start one (VLLM_SERVER_DEV_MODE=1 "
-                          f"python -m vllm.entrypoints.openai.api_server --model MODEL) or fix {SETTING}") from None
+        raise EngineError(f"no vLLM server answers at {base_url} ({SETTING}): {reason}; start one "
+                          f"(VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model MODEL) or "
+                          f"fix {SETTING}") from None
     return json.loads(payload) if payload.strip() else {}
 
 
