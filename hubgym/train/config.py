@@ -188,15 +188,15 @@ class Vllm(Section):
     base_url: str | None = Field(None, description="the server's OpenAI base URL, e.g. http://10.0.0.2:8000/v1 "
                                  "(vllm.engine server)")
     served_model: str | None = Field(None, description="server: the name it serves the trainer's model under "
-                                     "[default: the model folder's path, as --model DIR names it]")
+                                     "(default: the model folder's path, as --model DIR names it)")
     weight_transfer: Literal["file", "nccl"] = Field("file", description="server: how weights reach it. file: a "
                                                      "safetensors file in vllm.sync_dir that the server reloads; "
                                                      "nccl: vLLM's NCCL weight transfer, GPU to GPU (server started "
                                                      "with --weight-transfer-config '{\"backend\": \"nccl\"}')")
     sync_dir: str | None = Field(None, description="server, file transfer: a folder the trainer writes and the "
-                                 "server reads at the same path, e.g. on a shared disk [default: OUT/sync]")
+                                 "server reads at the same path, e.g. on a shared disk (default: OUT/sync)")
     nccl_address: str | None = Field(None, description="server, nccl transfer: this trainer's address as the "
-                                     "server's workers reach it [default: the address that routes to the server]")
+                                     "server's workers reach it (default: the address that routes to the server)")
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="local: weights and "
                                                                      "activations in vLLM; auto: vLLM's choice on a "
                                                                      "GPU (bfloat16 for an fp32 checkpoint), "
