@@ -37,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -115,6 +116,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=6, help="measured steps per side")
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this accelerator")
+    parser.add_argument("--profile", action="store_true",
+                        help="one more step per side under torch.profiler: the GPU's busy share and kernel count")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)  # one preset, to a file
     args = parser.parse_args()
@@ -145,6 +148,7 @@ def run_child(args: argparse.Namespace, preset: str) -> dict:
     options += ["--budget", args.budget] if args.budget else []
     options += ["--peak-tflops", args.peak_tflops] if args.peak_tflops else []
     options += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
+    options += ["--profile"] if args.profile else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         subprocess.run([sys.executable, __file__, "--preset", preset, *map(str, options), "--child-json", str(out)],
@@ -192,6 +196,7 @@ def measure(args: argparse.Namespace, preset: str) -> dict:
             _synchronize()
             times[side].append(sides[side]())
             _synchronize()
+        profiled = {side: profile_step(run) for side, run in sides.items()} if args.profile else {}
         per_token, peak = flops_per_token(policy.module, args.seq_len), peak_flops(args.peak_tflops)
         params = sum(p.numel() for p in model.parameters())
     result = {"preset": preset, "params": params, "seq_len": args.seq_len, "micro_batches": len(batches),
@@ -200,22 +205,49 @@ def measure(args: argparse.Namespace, preset: str) -> dict:
         rate = statistics.median(t / s for t, s in runs)
         result["sides"][side] = {"tokens": runs[0][0], "step_s": statistics.median(s for _, s in runs),
                                  "tokens_s": rate, "tflops": rate * per_token / 1e12,
-                                 "mfu": rate * per_token / peak if peak else None}
+                                 "mfu": rate * per_token / peak if peak else None, **profiled.get(side, {})}
     return result
+
+
+def profile_step(run) -> dict:
+    """One more step under torch.profiler: the share of its wall time in which a GPU kernel ran (the union of
+    the kernels' spans) and how many kernels it launched. A low share with many kernels: the host, launching
+    small kernels one at a time, not the GPU's arithmetic, sets the pace."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if not torch.cuda.is_available():
+        return {}
+    _synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        run()
+        _synchronize()
+        seconds = time.perf_counter() - started
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA)
+    busy, reached = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reached:
+            busy += end - max(start, reached)
+            reached = end
+    return {"gpu_busy": busy / 1e6 / seconds, "kernels": len(spans)}
 
 
 def results_table(results: list[dict]):
     from rich.table import Table
 
+    profiled = "gpu_busy" in results[0]["sides"]["bare"]
+    extra = ["GPU busy (profiled step)", "kernels / step"] if profiled else []
     table = Table("model", "side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU", "vs bare",
-                  "peak GPU memory GiB", title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
+                  "peak GPU memory GiB", *extra, title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
     for r in results:
         bare = r["sides"]["bare"]["tokens_s"]
         for side, m in r["sides"].items():
             table.add_row(f"{r['preset']} ({r['params'] / 1e6:.1f}M)", side, f"{m['tokens']:,}", f"{m['step_s']:.3f}",
                           f"{m['tokens_s']:,.0f}", f"{m['tflops']:.1f}",
                           f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a", f"{m['tokens_s'] / bare:.3f}",
-                          f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "n/a")
+                          f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "n/a",
+                          *([f"{m['gpu_busy']:.0%}", f"{m['kernels']:,}"] if profiled else []))
     return table
 
 
@@ -239,8 +271,9 @@ def write_results(args, table, results: list[dict]) -> None:
     capture = Console(width=140, record=True, file=open(os.devnull, "w"))
     capture.print(table)
     r = results[0]
-    presets = " ".join(f"--preset {x['preset']}" for x in results)
-    body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {presets}` on {r['device']} "
+    flags = " ".join([f"--preset {x['preset']}" for x in results] + (["--profile"] if args.profile else [])
+                     + ([f"--budget {args.budget}"] if args.budget else []))
+    body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {flags}` on {r['device']} "
             f"({platform.machine()}), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}. One step = "
             f"{args.sequences} sequences of {args.seq_len} tokens in {r['micro_batches']} micro-batches of at most "
             f"{r['budget']} tokens, ZeRO-2, bf16, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
