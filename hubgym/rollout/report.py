@@ -52,7 +52,9 @@ def scan_rollouts(sources: list[str | Path], *, skip_bad: bool = False) -> pl.La
 
     shards = local_shard_sources(sources)
     files = [loaded.source.location for loaded in verified_shards(shards, skip_bad=skip_bad)]
-    return pl.concat([pl.scan_ipc(f).select(ROLLOUT_SCHEMA.names) for f in files], how="vertical")
+    # relaxed: shards written before replies had `reasoning` hold completion messages without it (read as null);
+    # every other column was checked to have the rollout schema's very type
+    return pl.concat([pl.scan_ipc(f).select(ROLLOUT_SCHEMA.names) for f in files], how="vertical_relaxed")
 
 
 def _metric(name: str, default: float | None = 0.0) -> pl.Expr:

@@ -9,7 +9,11 @@ messages must start with the rendering of the history. Templates that rewrite ea
 
 What "consistent" means is one function, `audit_tokens`: the stored ids, decoded, read as the chat
 template's rendering of the stored messages. The rollout writer applies it to every row as the row is
-made (`tokens_consistent`), and `hubgym replay` applies it again to stored rows, so the two always agree.
+made (`tokens_consistent`), and `hubgym replay` applies it again to stored rows, so the two always agree:
+the renderer takes the chat options a row's provenance records (`chat_template_kwargs`, `tool_parser`,
+`reasoning_parser`) before auditing it. A turn ends on one of the model's stop ids (the tokenizer's eos and
+generation_config.json's `eos_token_id`, as vLLM stops); the one the template's turn closing starts with
+(`<|im_end|>` for ChatML) is the model's sampled token, never added a second time between turns.
 A row that fails it is not trained on: its token record and its messages (what the verifier scored, what
 the template renders) say different things. One thing a row cannot show is flagged by the loop alone: a
 turn whose logprobs the engine did not return (stored as 0.0).
