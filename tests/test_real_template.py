@@ -266,6 +266,7 @@ def test_an_env_with_tools_is_refused_for_a_template_without_tools(smollm2_model
     assert "env 'calc_tools' offers tools (calculator)" in text and str(smollm2_model) in text
     assert "ignores `tools`" in text and "use a model whose chat template renders tools" in text
     assert "\n" not in text and refused.value.setting == "--model"
+    assert not (tmp_path / "r").exists()  # nothing of the run was written
 
 
 # ---- the real engine -------------------------------------------------------------------------------------------

@@ -221,6 +221,8 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
     check_chat_options(config)
     envs = [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
             for spec in config.envs]
+    early = _early_renderer(config, engine)  # a parser that does not fit, or tools the template ignores: refused
+    check_tools_rendered(early, envs, config.model)  # before vLLM starts and before the run folder is written
     # Before the engine starts: a folder of another run, or one another process writes, is refused at once.
     with ShardWriter(config.out, worker_name(config.shard_index, config.num_shards), run_id=run_id,
                      max_rows=config.max_rows_per_shard, flush_every_s=config.flush_every_s) as writer:
@@ -229,8 +231,6 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                 and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
         skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards))
         skipped = (skipped - len(todo)) * config.n
-        early = _early_renderer(config, engine)  # tools the template ignores are refused before vLLM starts
-        check_tools_rendered(early, envs, config.model)
         engine = engine or make_engine(config)
         renderer = make_renderer(engine, config.model, **config.chat_options())
         if early is None:
