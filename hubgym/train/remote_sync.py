@@ -14,6 +14,7 @@ Two transfers (`vllm.weight_transfer`):
 - `file` (works everywhere, the one tested here): the weights go to one safetensors file in a folder that
   the trainer writes and the server reads at the same path (one machine, or a shared disk), and the
   server's workers reload it in place (`/collective_rpc` `reload_weights`), as the local engine does.
+  Measured on 2 busy CPU cores, a push end to end: the tiny model ~0.08 s, SmolLM2-135M (538 MB fp32) 2-4 s.
 - `nccl` (GPUs only; written against vLLM 0.32's weight-transfer API, NOT run in hubgym's tests, which
   have no GPU): the trainer joins the server's workers in an NCCL group (`/init_weight_transfer_engine`,
   once) and broadcasts the tensors GPU to GPU each push (`/start_weight_update`, `/update_weights`,
