@@ -324,3 +324,21 @@ def test_rollout_options_refuse_bad_input_in_one_line(option, said, tmp_path):
     assert result.exit_code == 1 and len(errors) == 1 and "Traceback" not in result.output, result.output
     assert said in errors[0], errors[0]
     assert not (tmp_path / "r" / "shards").exists()  # refused before anything was sampled
+
+
+def test_online_rollouts_take_the_train_configs_chat_options(smollm2_tokenizer, tmp_path):
+    from hubgym.train.online import OnlineProducer
+
+    def producer(envs, **options):
+        return OnlineProducer([(e, 1.0) for e in envs], split="test", model="m", out_dir=tmp_path / "online", n=2,
+                              sampling=SamplingArgs(), max_model_len=512, chat_options=options)
+
+    thinking = producer(["arithmetic"], reasoning_parser="qwen3", chat_template_kwargs={"enable_thinking": True})
+    config = thinking.rollout_config(3, 1)
+    assert (config.reasoning_parser, config.chat_template_kwargs) == ("qwen3", {"enable_thinking": True})
+    assert config.run_id() != producer(["arithmetic"]).rollout_config(3, 1).run_id()  # another run: not resumed
+    assert config.recorded_sampling()["reasoning_parser"] == "qwen3"
+    renderer = thinking.renderer(ChatRenderer(smollm2_tokenizer))
+    assert renderer.parser.reasoning_parser == "qwen3" and renderer.chat_template_kwargs == {"enable_thinking": True}
+    with pytest.raises(ChatFormatError, match="env 'calc_tools' offers tools"):
+        producer(["calc_tools"]).renderer(ChatRenderer(smollm2_tokenizer))
