@@ -118,6 +118,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this accelerator")
     parser.add_argument("--profile", action="store_true",
                         help="one more step per side under torch.profiler: the GPU's busy share and kernel count")
+    parser.add_argument("--profile-ops", action="store_true",
+                        help="print each side's GPU time by operator over one more profiled step")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)  # one preset, to a file
     args = parser.parse_args()
@@ -149,6 +151,7 @@ def run_child(args: argparse.Namespace, preset: str) -> dict:
     options += ["--peak-tflops", args.peak_tflops] if args.peak_tflops else []
     options += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
     options += ["--profile"] if args.profile else []
+    options += ["--profile-ops"] if args.profile_ops else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         subprocess.run([sys.executable, __file__, "--preset", preset, *map(str, options), "--child-json", str(out)],
@@ -197,6 +200,8 @@ def measure(args: argparse.Namespace, preset: str) -> dict:
             times[side].append(sides[side]())
             _synchronize()
         profiled = {side: profile_step(run) for side, run in sides.items()} if args.profile else {}
+        for side, run in sides.items() if args.profile_ops else ():
+            print(f"{preset}, {side}: GPU time by operator over one step\n{profile_step_ops(run)}", flush=True)
         per_token, peak = flops_per_token(policy.module, args.seq_len), peak_flops(args.peak_tflops)
         params = sum(p.numel() for p in model.parameters())
     result = {"preset": preset, "params": params, "seq_len": args.seq_len, "micro_batches": len(batches),
@@ -207,6 +212,19 @@ def measure(args: argparse.Namespace, preset: str) -> dict:
                                  "tokens_s": rate, "tflops": rate * per_token / 1e12,
                                  "mfu": rate * per_token / peak if peak else None, **profiled.get(side, {})}
     return result
+
+
+def profile_step_ops(run) -> str:
+    """One more step under torch.profiler (host and GPU): the operators that took the most GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    _synchronize()
+    with profile(activities=activities) as prof:
+        run()
+        _synchronize()
+    key = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60)
 
 
 def profile_step(run) -> dict:
