@@ -159,8 +159,8 @@ class Lora(Section):
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapters' input (0 keeps the trained "
                            "policy's logprobs deterministic, as the importance ratios assume)")
     target_modules: list[str] = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                       "down_proj"], description="names (or regexes) of the linear modules that "
-                                      "get adapters")
+                                       "down_proj"], description="linear modules that get adapters: "
+                                      "names such as q_proj, or dotted suffixes such as self_attn.q_proj")
 
 
 class Eval(Section):

@@ -15,7 +15,6 @@ fan-in/fan-out layouts and rank-stabilised scaling), computed one module at a ti
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -47,11 +46,12 @@ def wrap_lora(model: torch.nn.Module, settings: LoraSettings) -> torch.nn.Module
 
 
 def _check_targets(model: torch.nn.Module, targets: list[str]) -> None:
-    """Every target must name some linear module: a typo would silently train nothing of it."""
-    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                     if isinstance(module, torch.nn.Linear)})
-    missing = [t for t in targets if not any(t == n or re.fullmatch(t, n) for n in linear)]
+    """Every target must name some linear module (peft matches a name or its dotted suffix): a typo would
+    silently leave that module untrained."""
+    names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    missing = [t for t in targets if not any(n == t or n.endswith(f".{t}") for n in names)]
     if missing:
+        linear = sorted({n.rsplit(".", 1)[-1] for n in names})
         raise ConfigError(f"lora.target_modules {missing} match no linear module of this model, whose linear "
                           f"modules are {linear}; set lora.target_modules to names from that list, e.g. "
                           f"[{', '.join(n for n in linear if n != 'lm_head')}]")
