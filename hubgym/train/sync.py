@@ -59,7 +59,11 @@ def sync_weights(engine: VLLMEngine, named_tensors: NamedTensors, policy_version
                  scratch: str | Path | None = None, *, in_memory: bool = True) -> float:
     """Serve `named_tensors` (Hugging Face parameter names, e.g. a model's `state_dict()`) from `engine` as
     `policy_version`; returns the seconds it took. `scratch` is a folder of its own for the weights file (default:
-    a temporary folder that lives as long as the engine). `in_memory=False` forces the file channel."""
+    a temporary folder that lives as long as the engine). `in_memory=False` forces the file channel.
+
+    In memory, the tensors are kept (not copied) until the next sync, for a restart to write: pass tensors
+    nothing changes in place afterwards (`Policy.full_state_dict` gives fresh copies; a live model's
+    `state_dict()` does not)."""
     started = time.perf_counter()
     model_dir = resolve_model_dir(engine.model)
     tensors = prepare_weights(named_tensors, checkpoint_layout(model_dir), tied_embeddings(model_dir),
