@@ -120,6 +120,8 @@ def parse_args() -> argparse.Namespace:
                         help="one more step per side under torch.profiler: the GPU's busy share and kernel count")
     parser.add_argument("--profile-ops", action="store_true",
                         help="print each side's GPU time by operator over one more profiled step")
+    parser.add_argument("--no-entropy", action="store_true",
+                        help="hubgym's loss without its entropy metric (make_loss_fn(with_entropy=False))")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)  # one preset, to a file
     args = parser.parse_args()
@@ -152,6 +154,7 @@ def run_child(args: argparse.Namespace, preset: str) -> dict:
     options += ["--gradient-checkpointing"] if args.gradient_checkpointing else []
     options += ["--profile"] if args.profile else []
     options += ["--profile-ops"] if args.profile_ops else []
+    options += ["--no-entropy"] if args.no_entropy else []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
         subprocess.run([sys.executable, __file__, "--preset", preset, *map(str, options), "--child-json", str(out)],
@@ -188,7 +191,7 @@ def measure(args: argparse.Namespace, preset: str) -> dict:
         groups = GroupSettings(n=args.n, zero_variance="keep")
         [batches] = pack_step(list(GroupStream([rows], groups)), budget)
         batches = [b.to(bare.device) for b in batches]
-        loss_fn = make_loss_fn(LossSettings(variant="grpo"))
+        loss_fn = make_loss_fn(LossSettings(variant="grpo"), with_entropy=not args.no_entropy)
         sides = {"bare": lambda: bare_step(bare, batches),
                  "hubgym": lambda: hubgym_step(policy, Path(tmp) / "run", groups, loss_fn, budget)}
         for run in sides.values():
@@ -290,7 +293,7 @@ def write_results(args, table, results: list[dict]) -> None:
     capture.print(table)
     r = results[0]
     flags = " ".join([f"--preset {x['preset']}" for x in results] + (["--profile"] if args.profile else [])
-                     + ([f"--budget {args.budget}"] if args.budget else []))
+                     + ([f"--budget {args.budget}"] if args.budget else []) + (["--no-entropy"] if args.no_entropy else []))
     body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {flags}` on {r['device']} "
             f"({platform.machine()}), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}. One step = "
             f"{args.sequences} sequences of {args.seq_len} tokens in {r['micro_batches']} micro-batches of at most "
