@@ -289,7 +289,7 @@ def write_results(args, table, results: list[dict]) -> None:
     import deepspeed
     from rich.console import Console
 
-    capture = Console(width=140, record=True, file=open(os.devnull, "w"))
+    capture = Console(width=200, record=True, file=open(os.devnull, "w"))
     capture.print(table)
     r = results[0]
     flags = " ".join([f"--preset {x['preset']}" for x in results] + (["--profile"] if args.profile else [])
