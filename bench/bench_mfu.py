@@ -11,10 +11,11 @@ layers, hidden 896, 14 heads / 2 KV heads, vocab 151,936, tied embeddings, about
 `--preset smollm2-135m` SmolLM2-135M-Instruct's, as its config.json has it (LlamaForCausalLM: 30
 layers, hidden 576, 9 heads / 3 KV heads of 64, MLP 1,536, vocab 49,152, tied embeddings, rope theta
 1e5, 134.5M parameters). Each preset runs in its own child process (one model's engines and memory
-are gone before the next starts); their rows share one table. A step is `--sequences` rollouts of exactly `--seq-len` tokens (prompt + completion,
-random ids), read from an Arrow shard and trained the way the trainer does it: GroupStream (groups,
-advantages) -> pack_step (`--budget` tokens per micro-batch) -> the GRPO loss with its metrics ->
-Policy.train_step (DeepSpeed ZeRO-2, bf16 where supported, torch AdamW). The bare loop trains the same
+are gone before the next starts); their rows share one table.
+
+A step is `--sequences` rollouts of exactly `--seq-len` tokens (prompt + completion, random ids),
+read from an Arrow shard and trained the way the trainer does it: GroupStream (groups, advantages)
+-> pack_step (`--budget` tokens per micro-batch) -> the GRPO loss with its metrics -> Policy.train_step (DeepSpeed ZeRO-2, bf16 where supported, torch AdamW). The bare loop trains the same
 packed micro-batches with the same DeepSpeed config and only forward, a masked policy-gradient loss,
 backward and the optimizer step. Steps alternate between the two after a warm-up of each.
 
@@ -24,6 +25,10 @@ forward and backward; the PaLM convention, causal masking not discounted), over 
 peak (H100 SXM and H200: 989 TFLOP/s, H100 PCIe: 756; `--peak-tflops` for others). Recomputation under
 `--gradient-checkpointing` is not counted (that would be hardware FLOPs utilization). Results are
 written to bench/RESULTS.md only when a GPU ran them.
+
+Diagnostics: `--profile` adds each side's GPU-busy share and kernel count over one more step (a step
+bound by the host launching kernels shows a low share); `--profile-ops` prints each side's GPU time by
+operator; `--no-entropy` drops the loss's entropy metric from hubgym's side, to price it.
 """
 
 from __future__ import annotations
@@ -260,7 +265,8 @@ def results_table(results: list[dict]):
     profiled = "gpu_busy" in results[0]["sides"]["bare"]
     extra = ["GPU busy (profiled step)", "kernels / step"] if profiled else []
     table = Table("model", "side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU", "vs bare",
-                  "peak GPU memory GiB", *extra, title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
+                  "peak GPU memory GiB", *extra,
+                  title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
     for r in results:
         bare = r["sides"]["bare"]["tokens_s"]
         for side, m in r["sides"].items():
@@ -293,11 +299,13 @@ def write_results(args, table, results: list[dict]) -> None:
     capture.print(table)
     r = results[0]
     flags = " ".join([f"--preset {x['preset']}" for x in results] + (["--profile"] if args.profile else [])
-                     + ([f"--budget {args.budget}"] if args.budget else []) + (["--no-entropy"] if args.no_entropy else []))
+                     + ([f"--budget {args.budget}"] if args.budget else [])
+                     + (["--no-entropy"] if args.no_entropy else []))
     body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {flags}` on {r['device']} "
             f"({platform.machine()}), torch {torch.__version__}, DeepSpeed {deepspeed.__version__}. One step = "
             f"{args.sequences} sequences of {args.seq_len} tokens in {r['micro_batches']} micro-batches of at most "
-            f"{r['budget']} tokens, ZeRO-2, bf16, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
+            f"{r['budget']} tokens, ZeRO-2, bf16, "
+            f"gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}, "
             f"{args.steps} measured steps per side, alternating, after a warm-up step of each.\n\n"
             f"```\n{capture.export_text()}```\n")
     write_section(HEADING, body)
