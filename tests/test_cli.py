@@ -178,7 +178,7 @@ def test_main_job_runs_every_stage(tmp_path):
     """`hubgym demo` (short training) through the installed script: every stage, its files, the report."""
     script = Path(sys.executable).with_name("hubgym")
     out = tmp_path / "demo"
-    done = subprocess.run([script, "demo", "--env", "arithmetic", "--out", out, "--max-rows", "10",
+    done = subprocess.run([script, "demo", "--model", "tiny", "--env", "arithmetic", "--out", out, "--max-rows", "10",
                            "--offline-steps", "2", "--online-steps", "3"], capture_output=True, text=True,
                           timeout=900, env={**os.environ, "COLUMNS": "200"})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

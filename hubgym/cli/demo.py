@@ -1,6 +1,7 @@
 """`hubgym demo`: the main job (hubgym.pipeline) from the command line.
 
-    hubgym demo --out out/demo
+    hubgym demo --out out/demo                 # SmolLM2-135M-Instruct learns one-digit sums
+    hubgym demo --model tiny                   # the tiny random model: the same pipeline in about 2 minutes
 """
 
 from __future__ import annotations
@@ -20,16 +21,23 @@ def demo(out: Annotated[Path, typer.Option(help="where everything the job makes 
          max_rows: Annotated[int, typer.Option(min=1, help="rows per split to check")] = 100,
          env: Annotated[Optional[list[str]], typer.Option("--env", help="only check these envs (repeatable) "
                                                           "[default: every built-in]")] = None,
-         offline_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on the stored rollouts")] = 20,
-         online_steps: Annotated[int, typer.Option(min=0, help="GRPO steps on fresh rollouts")] = 100,
+         model: Annotated[str, typer.Option(help="smollm2-135m (a pretrained model, converted from its PyPI GGUF) or "
+                                                  "tiny (a random 0.4M-parameter model)")] = "smollm2-135m",
+         offline_steps: Annotated[Optional[int], typer.Option(min=0, help="GRPO steps on the stored rollouts "
+                                                              "[default: 2 for smollm2-135m, 20 for tiny]")] = None,
+         online_steps: Annotated[Optional[int], typer.Option(min=0, help="GRPO steps on fresh rollouts "
+                                                             "[default: 8 for smollm2-135m, 100 for tiny]")] = None,
          verbose: Verbose = False) -> None:
-    """The main job: tiny model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
+    """The main job: model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
-    from hubgym.pipeline import DemoSettings, run_demo
+    from hubgym.pipeline import RECIPES, DemoSettings, run_demo
 
-    settings = DemoSettings(out=out, check_envs=env, max_rows=max_rows, offline_steps=offline_steps,
+    if model not in RECIPES:
+        fail(f"--model {model}: the demo trains one of {', '.join(RECIPES)}; for another model use `hubgym train` "
+             f"with a config (`hubgym train --options` lists them)")
+    settings = DemoSettings(out=out, model=model, check_envs=env, max_rows=max_rows, offline_steps=offline_steps,
                             online_steps=online_steps)
     report = run_demo(settings, console())
     if report.checks_failed:
