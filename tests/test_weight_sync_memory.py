@@ -1,5 +1,6 @@
-"""In-memory weight sync (buckets over vLLM's RPC into its workers' load_weights) serves exactly what a file sync of
-the same weights serves, whatever the bucket size; a restart after it serves those weights again from disk."""
+"""In-memory weight sync (buckets through shared memory, or inside vLLM's RPC, into its workers' load_weights) serves
+exactly what a file sync of the same weights serves, whatever the bucket size; a restart after it serves those
+weights again from disk."""
 
 from __future__ import annotations
 
@@ -37,11 +38,16 @@ def test_in_memory_sync_serves_what_a_file_sync_serves(engine, tiny_model, tmp_p
     assert in_memory == pytest.approx(by_file, abs=1e-5) and tokens_m == tokens
     assert sampled_m == pytest.approx(sampled, abs=1e-5)
     assert in_memory == pytest.approx(hf_logprobs(model, ids), abs=TOL)
-    assert engine.policy_version == 3 and done.weight_versions[-1].version == "3"  # labelled as load_weights labels them
+    assert engine.policy_version == 3 and done.weight_versions[-1].version == "3"  # labelled as a file sync does
     assert not (tmp_path / "memory" / WEIGHTS_FILE).exists()  # nothing written per step
 
+    monkeypatch.setattr(sync, "shared_memory_dir", lambda: None)  # no /dev/shm: the buckets go inside the RPC
+    sync_weights(engine, perturbed(tiny_model, 2).state_dict(), 4, tmp_path / "memory")
+    sync_weights(engine, model.state_dict(), 5, tmp_path / "memory")
+    assert vllm_logprobs(engine, ids)[0] == pytest.approx(by_file, abs=1e-5)
+
     restart_engine(engine)  # the weights synced in memory are written now, and the new engine loads them
-    assert (tmp_path / "memory" / WEIGHTS_FILE).exists() and engine.policy_version == 3
+    assert (tmp_path / "memory" / WEIGHTS_FILE).exists() and engine.policy_version == 5
     assert vllm_logprobs(engine, ids)[0] == pytest.approx(by_file, abs=1e-5)
 
 

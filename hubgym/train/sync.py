@@ -9,13 +9,15 @@
 Two channels, the same result (the same names reach the same loader):
 
 - in memory (the default, for engines started with hubgym's worker extension, hubgym.train.vllm_receiver):
-  the weights, in the engine's dtype, go to vLLM's workers over `LLM.collective_rpc` in buckets of about
-  BUCKET_BYTES, each one safetensors blob, and the worker's `model.load_weights` takes them (vLLM maps the
-  Hugging Face names onto its fused qkv/gate_up layers and repacks each layer for its kernels once all of
-  its weights arrived). No file is written: the last weights stay in memory, and are written to `scratch`
-  only when a restart needs them (`ensure_engine`, `restart_engine`). Lazily, not every K syncs, because a
-  restarted engine must serve exactly the version it is labelled with, and the last synced weights are
-  all that gives it; holding them costs one copy in the engine's dtype, which the caller built anyway.
+  the weights, in the engine's dtype, go to vLLM's workers in buckets of about BUCKET_BYTES, each one
+  safetensors file in shared memory (RAM; removed once loaded) named in an `LLM.collective_rpc` call
+  (bytes inside the RPC where there is no /dev/shm: much slower), and the worker's `model.load_weights`
+  takes them (vLLM maps the Hugging Face names onto its fused qkv/gate_up layers and repacks each layer
+  for its kernels once all of its weights arrived). Nothing goes to disk: the last weights stay in memory,
+  and are written to `scratch` only when a restart needs them (`ensure_engine`, `restart_engine`).
+  Lazily, not every K syncs, because a restarted engine must serve exactly the version it is labelled
+  with, and the last synced weights are all that gives it; holding them costs one copy in the engine's
+  dtype, which the caller built anyway.
 - a file: one safetensors file in `scratch`, reloaded by vLLM in place (`VLLMEngine.load_weights`). The
   fallback: for engines without the extension, and when an in-memory load fails half way.
 
@@ -31,6 +33,7 @@ import logging
 import os
 import tempfile
 import time
+import uuid
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from functools import lru_cache
@@ -116,17 +119,27 @@ def send_weights(engine: VLLMEngine, tensors: dict[str, torch.Tensor], version: 
                  bucket_bytes: int = BUCKET_BYTES) -> int:
     """Load `tensors` into the engine's workers in buckets, then drop the prefix cache and set the weight version
     (as `VLLMEngine.load_weights` does); returns the bytes sent. Nothing may be generating meanwhile."""
-    from safetensors.torch import save
+    from safetensors.torch import save, save_file
 
     if not engine.alive():
         raise EngineError("the vLLM engine is not running (its engine-core process died): restart it first")
     rpc, timeout = engine.llm.collective_rpc, engine.RPC_TIMEOUT_S
+    shared = shared_memory_dir()
     rpc("hubgym_begin_weights", timeout=timeout)
     sent = 0
     for bucket in buckets(tensors, bucket_bytes):
-        blob = save(bucket)
-        rpc("hubgym_load_weights", timeout=timeout, args=(blob,))
-        sent += len(blob)
+        if shared is None:
+            blob = save(bucket)
+            rpc("hubgym_load_weights", timeout=timeout, args=(blob,))
+            sent += len(blob)
+            continue
+        path = shared / f"hubgym-weights-{os.getpid()}-{uuid.uuid4().hex}.safetensors"
+        try:
+            save_file(bucket, str(path))
+            sent += path.stat().st_size
+            rpc("hubgym_load_file", timeout=timeout, args=(str(path),))
+        finally:
+            path.unlink(missing_ok=True)
     loaded = rpc("hubgym_finish_weights", timeout=timeout)[0]
     if loaded != len(tensors):
         raise WeightSyncError(f"vLLM's workers loaded {loaded} of {len(tensors)} tensors")
@@ -136,6 +149,12 @@ def send_weights(engine: VLLMEngine, tensors: dict[str, torch.Tensor], version: 
     engine.llm.llm_engine.set_weight_version(str(version))
     engine.policy_version = version
     return sent
+
+
+def shared_memory_dir() -> Path | None:
+    """The RAM-backed folder buckets cross in (Linux's /dev/shm), or None where there is none."""
+    folder = Path("/dev/shm")
+    return folder if folder.is_dir() and os.access(folder, os.W_OK) else None
 
 
 def buckets(tensors: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
