@@ -20,7 +20,8 @@ def test_one_step_of_grpo_on_smollm2_trains_and_syncs_into_vllm(smollm2_model, t
     cfg = load_config("smollm2-sums", [
         f"output_dir={tmp_path}", "online.steps=1", "grpo.n=4", "batch.groups_per_step=2", "sampling.max_tokens=12",
         "grpo.zero_variance=keep",  # one step must train whatever the rewards were
-        "eval.limit=2", "eval.n=2", "eval.every=0", "optim.lr=1e-4", "checkpoint_every=0"])
+        "eval.limit=2", "eval.n=2", "eval.every=0", "optim.lr=1e-4", "checkpoint_every=0",
+        "batch.micro_batch_tokens=512"])  # small micro-batches: the logits of a 49k vocabulary are what takes memory
     assert cfg.model == "smollm2-135m"  # resolved to the converted folder by the trainer
     trainer = Trainer(cfg, console=Console(file=io.StringIO()))
     try:
