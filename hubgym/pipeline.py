@@ -47,13 +47,16 @@ class Recipe:
     teacher_format: str  # the offline data's behaviour policy: replies constrained to this regular expression
     offline_steps: int
     online_steps: int
+    teacher_tasks: int | None = None  # tasks the teacher samples (None: the whole train split)
     overrides: tuple[str, ...] = ()  # on top of the shipped config
     about: str = ""
 
 
 RECIPES = {
-    "smollm2-135m": Recipe("smollm2-135m", "sums", "smollm2-sums", r"[0-9]{1,2}", offline_steps=2, online_steps=8,
-                           overrides=("eval.every=4",),
+    # 6 online steps and an evaluation before and after only: the whole job, set-up included, in under 20
+    # minutes on 2 cores (measured: 15.5 minutes for the job alone with 8 steps and a third evaluation).
+    "smollm2-135m": Recipe("smollm2-135m", "sums", "smollm2-sums", r"[0-9]{1,2}", offline_steps=2, online_steps=6,
+                           teacher_tasks=32, overrides=("eval.every=0",),
                            about="SmolLM2-135M-Instruct, pretrained (134.5M parameters), converted from its PyPI GGUF"),
     "tiny": Recipe("tiny", "tiny", "tiny", r"<answer>[0-9]</answer>", offline_steps=20, online_steps=100,
                    overrides=("optim.lr=3e-3", "eval.limit=25", "eval.n=4", "log.every=20"),
@@ -201,6 +204,7 @@ def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console:
 
     out = settings.out / "rollouts"
     config = RolloutConfig(envs=[env_ref], model=trainer.model_dir(), out=str(out), n=settings.rollout_n,
+                           limit=settings.recipe.teacher_tasks,
                            split="train", sampling=SamplingArgs(max_tokens=trainer.cfg.sampling.max_tokens,
                                                                 regex=settings.recipe.teacher_format),
                            max_model_len=trainer.cfg.online.max_model_len, hub=str(hub), trust=True)

@@ -26,7 +26,7 @@ def demo(out: Annotated[Path, typer.Option(help="where everything the job makes 
          offline_steps: Annotated[Optional[int], typer.Option(min=0, help="GRPO steps on the stored rollouts "
                                                               "[default: 2 for smollm2-135m, 20 for tiny]")] = None,
          online_steps: Annotated[Optional[int], typer.Option(min=0, help="GRPO steps on fresh rollouts "
-                                                             "[default: 8 for smollm2-135m, 100 for tiny]")] = None,
+                                                             "[default: 6 for smollm2-135m, 100 for tiny]")] = None,
          verbose: Verbose = False) -> None:
     """The main job: model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
     from hubgym.rollout.vllm_logging import set_verbose
