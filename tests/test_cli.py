@@ -52,16 +52,16 @@ def test_build_all_configs_as_arrow(tmp_path):
     result = hubgym("build", "arithmetic", "--config", "all", "--format", "arrow", "--out", tmp_path)
     assert result.exit_code == 0, result.output
     built = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("*/*.arrow"))
-    assert built == [f"{c}/arithmetic-{s}.arrow" for c in ("easy", "hard", "medium", "tiny") for s in ("test", "train")]
+    assert built == [f"{c}/arithmetic-{s}.arrow" for c in ("easy", "hard", "medium", "sums", "tiny") for s in ("test", "train")]
     medium = datasets.Dataset.from_file(str(tmp_path / "medium" / "arithmetic-train.arrow"))
-    assert len(medium) == 1000 and "8 files written" in result.output
+    assert len(medium) == 1000 and "10 files written" in result.output
 
 
 def test_build_unknown_config_names_the_known_ones(tmp_path):
     result = hubgym("build", "arithmetic", "--config", "huge", "--out", tmp_path)
     assert result.exit_code == 1
     assert "env 'arithmetic' has no config 'huge'" in one_line(result.output)
-    assert "one of: easy, medium, hard, tiny (or 'all')" in one_line(result.output)
+    assert "one of: easy, medium, hard, tiny, sums (or 'all')" in one_line(result.output)
     assert not list(tmp_path.iterdir())
 
 

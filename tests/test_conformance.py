@@ -66,7 +66,7 @@ def test_check_result_is_a_frozen_record():
 def test_unknown_config_fails_the_declaration_check():
     results = {r.check: r for r in check_env("arithmetic", configs=["easy", "nope"], max_rows=5)}
     assert results["check_declaration"].message == (
-        "check_declaration: unknown config 'nope'; the builder has ['easy', 'medium', 'hard', 'tiny'] "
+        "check_declaration: unknown config 'nope'; the builder has ['easy', 'medium', 'hard', 'tiny', 'sums'] "
         "[env='arithmetic' config='nope']. Fix: ask for configs by one of the names in BUILDER_CONFIGS")
     assert all(r.ok for name, r in results.items() if name != "check_declaration")  # 'easy' is still checked
 

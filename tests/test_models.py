@@ -142,7 +142,7 @@ def test_two_processes_converting_at_once_convert_once_and_a_killed_conversion_l
             for _ in range(2)]
     outputs = [p.communicate(timeout=600)[0] for p in both]
     assert all(p.returncode == 0 for p in both), outputs
-    assert sum("converting" in out for out in outputs) == 1, outputs
+    assert sum("hubgym: converting" in out for out in outputs) == 1, outputs
     folder = tmp_path / "smollm2-135m-instruct"
     assert all(f"folder {folder}" in out for out in outputs)
     assert (folder / "hubgym_model.json").is_file() and (folder / "model.safetensors").stat().st_size > 500e6

@@ -94,7 +94,7 @@ def test_build_leaves_only_the_built_files_in_out(tmp_path):
     result = hubgym("build", "arithmetic", "--config", "all", "--out", out)
     assert result.exit_code == 0, result.output
     left = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
-    configs = ("easy", "hard", "medium", "tiny")
+    configs = ("easy", "hard", "medium", "sums", "tiny")
     assert left == sorted([*configs, *(f"{c}/{f}" for c in configs for f in (
         "arithmetic-test.parquet", "arithmetic-train.parquet", "dataset_info.json"))])  # no *.lock, no staging
 
