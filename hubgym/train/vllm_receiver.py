@@ -40,20 +40,19 @@ class WeightReceiver:
     def hubgym_load_weights(self, blob: bytes) -> int:
         """Load one bucket; returns how many tensors it held."""
         from safetensors.torch import load
-        from vllm.config import set_current_vllm_config
 
-        tensors = load(blob)
-        with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(iter(tensors.items()))
-        self.hubgym_loaded += len(tensors)
-        return len(tensors)
+        return self._hubgym_load(load(blob))
 
     def hubgym_load_file(self, path: str) -> int:
         """Load one bucket from a safetensors file in shared memory (the sender removes it afterwards)."""
         from safetensors.torch import load_file
+
+        return self._hubgym_load(load_file(path))
+
+    def _hubgym_load(self, tensors: dict) -> int:
+        """One bucket through the model's own loader (HF names onto fused layers); how many tensors it held."""
         from vllm.config import set_current_vllm_config
 
-        tensors = load_file(path)
         with set_current_vllm_config(self.vllm_config):
             self.model_runner.get_model().load_weights(iter(tensors.items()))
         self.hubgym_loaded += len(tensors)
