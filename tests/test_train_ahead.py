@@ -9,7 +9,8 @@ import time
 
 import pytest
 
-from hubgym.errors import WeightSyncError
+from hubgym.errors import EngineError, RolloutsStopped, WeightSyncError
+from hubgym.rollout.interrupt import noting_ctrl_c
 from hubgym.train.ahead import EngineWorker
 
 
@@ -116,3 +117,61 @@ def test_close_tells_a_running_job_to_stop(worker):
     worker.plan(0, produce)
     worker.close()
     assert seen == [True]
+
+
+def test_a_ctrl_c_whose_exception_is_swallowed_still_stops_the_wait_for_rows(worker):
+    """A Ctrl-C's KeyboardInterrupt is raised in whatever the main thread runs; a finalizer or a library's
+    `except BaseException` may swallow it. The noted event still ends the wait, with the rollout still running."""
+    release = threading.Event()
+
+    def produce(step: int) -> list[dict]:
+        release.wait(30)
+        return []
+
+    def finalizer_that_swallows_everything() -> None:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:
+            pass
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with noting_ctrl_c(worker.stopping):
+            worker.plan(0, produce)
+            finalizer_that_swallows_everything()
+            with pytest.raises(KeyboardInterrupt):
+                worker.rows(0)
+        assert not release.is_set()
+    finally:
+        release.set()
+    assert signal.getsignal(signal.SIGINT) is before  # the previous handler is back
+
+
+def test_once_stopping_a_failed_job_reads_as_the_interrupt(worker):
+    def sync_into_a_dead_engine() -> float:
+        raise EngineError("the vLLM engine is not running (its engine-core process died)")
+
+    worker.sync(sync_into_a_dead_engine)
+    worker.plan(0, lambda step: [])
+    worker.stopping.set()
+    with pytest.raises(KeyboardInterrupt) as raised:
+        worker.rows(0)
+    assert isinstance(raised.value.__cause__, EngineError)
+
+
+class DeadEngine:
+    """Stands in for a vLLM engine whose processes a Ctrl-C killed (only `alive` is asked)."""
+
+    def alive(self) -> bool:
+        return False
+
+
+def test_the_trainer_does_not_restart_an_engine_that_died_with_a_ctrl_c():
+    from hubgym.train.config import TINY_CONFIG, load_config
+    from hubgym.train.trainer import Trainer
+
+    trainer = Trainer(load_config(TINY_CONFIG, []), engine=DeadEngine())
+    trainer.worker.stopping.set()
+    with pytest.raises(RolloutsStopped, match="not restarted"):
+        trainer._revive()
+    trainer.close()

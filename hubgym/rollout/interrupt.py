@@ -8,6 +8,11 @@ cancellation that the signal started has reached every coroutine, and asyncio wo
 engine failure. Here the signal is noted when it arrives, so a run whose engine fails after it reads as
 the interrupt it is. Like `asyncio.run`'s own handler, the signal cancels the work at its next `await`
 (a group is stored whole or not at all), and a second Ctrl-C stops at once.
+
+The trainer, whose vLLM work runs on a thread of its own, notes a Ctrl-C in an event instead:
+
+    with noting_ctrl_c(worker.stopping):
+        train()          # waits on the engine thread raise KeyboardInterrupt once the event is set
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from hubgym.errors import EngineError
@@ -59,3 +64,27 @@ async def until_done_or_ctrl_c(work: Coroutine[Any, Any, None]) -> bool:
         loop.remove_signal_handler(signal.SIGINT)
         if previous is not None:
             signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def noting_ctrl_c(noted: threading.Event) -> Iterator[None]:
+    """While inside (on the main thread): a Ctrl-C sets `noted`, then raises KeyboardInterrupt as usual.
+
+    Python raises a Ctrl-C's KeyboardInterrupt in whatever code the main thread runs at that moment, and some
+    code swallows it: a finalizer (`__del__`, a weakref callback) run by the garbage collector, a library's
+    `except BaseException`. The run would then go on as if nothing happened, and restart the vLLM engine that
+    the same Ctrl-C killed. The event outlives the exception: code that waits or restarts looks at it too.
+    Outside the main thread (no signal handlers there) this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_ctrl_c(signum: int, frame: Any) -> None:
+        noted.set()
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)

@@ -20,8 +20,10 @@ both: a rollout runs with the weights of the last sync submitted before it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
@@ -34,7 +36,9 @@ class EngineWorker:
         self.planned_until = -1  # the last step whose rollouts were planned
         self.sync_seconds = 0.0  # spent in weight syncs since the last `rows`
         self._sync_lock = threading.Lock()  # added to on the engine thread, read and reset on the caller's
-        self.stopping = threading.Event()  # set by `close`: a running job that watches it ends early
+        # Set by `close`, or by a Ctrl-C (hubgym.rollout.interrupt.noting_ctrl_c): a running job that watches it
+        # ends early, and a wait for rows or for the queue raises KeyboardInterrupt.
+        self.stopping = threading.Event()
 
     def submit(self, job: Callable[..., Any], *args: Any) -> Future:
         """Run `job(*args)` on the engine thread after everything submitted before it."""
@@ -63,8 +67,9 @@ class EngineWorker:
     def rows(self, step: int) -> tuple[list[dict], dict[str, float]]:
         """`step`'s rollouts (waiting for them) and the timings: generation, the wait, and syncs since last time."""
         started = time.perf_counter()
-        rows, generate_s = result(self._rows.pop(step))  # a failure in the thread is raised here
-        self._raise_failures()  # e.g. a weight sync that failed before these rows were sampled
+        with self._stopped_reads_as_interrupt():
+            rows, generate_s = result(self._rows.pop(step), self.stopping)  # a failure in the thread is raised here
+            self._raise_failures()  # e.g. a weight sync that failed before these rows were sampled
         with self._sync_lock:
             synced, self.sync_seconds = self.sync_seconds, 0.0
         timings = {"time/generate_s": generate_s, "time/wait_s": time.perf_counter() - started, "time/sync_s": synced}
@@ -73,8 +78,20 @@ class EngineWorker:
     def drain(self) -> None:
         """Wait for every job submitted so far (raising the first failure)."""
         jobs, self._jobs = self._jobs, []
-        for job in jobs:
-            result(job)
+        with self._stopped_reads_as_interrupt():
+            for job in jobs:
+                result(job, self.stopping)
+
+    @contextlib.contextmanager
+    def _stopped_reads_as_interrupt(self) -> Iterator[None]:
+        """Once the run is stopping, a job's failure is its consequence (vLLM died with the Ctrl-C; a cancelled
+        rollout): the caller sees the interrupt, not an engine error."""
+        try:
+            yield
+        except Exception as exc:
+            if self.stopping.is_set():
+                raise KeyboardInterrupt("the run is stopping") from exc
+            raise
 
     def _raise_failures(self) -> None:
         finished = [job for job in self._jobs if job.done()]
@@ -88,9 +105,11 @@ class EngineWorker:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def result(future: Future, poll_s: float = 0.2) -> Any:
+def result(future: Future, stopping: threading.Event | None = None, poll_s: float = 0.2) -> Any:
     """`future.result()`, waking every `poll_s`: Python runs a Ctrl-C's handler only when the main thread runs,
-    and a signal that lands on one of vLLM's or torch's threads does not wake a main thread blocked on a lock."""
+    and a signal that lands on one of vLLM's or torch's threads does not wake a main thread blocked on a lock.
+    Once `stopping` is set the wait ends with KeyboardInterrupt (a Ctrl-C whose own exception was swallowed)."""
     while not wait([future], timeout=poll_s).done:
-        pass
+        if stopping is not None and stopping.is_set():
+            raise KeyboardInterrupt("the run is stopping")
     return future.result()

@@ -48,7 +48,10 @@ class TrainResult:
 
 
 class Trainer:
-    STOPPING_GRACE_S = 1.0  # after an engine failure, how long to wait for a Ctrl-C to show before restarting it
+    # After the engine died, how long to wait for a Ctrl-C to show before restarting it: the same Ctrl-C kills
+    # vLLM's processes at once, but Python notes it only when the main thread next runs Python code (not during
+    # one long native call, such as a backward pass on a GPU).
+    STOPPING_GRACE_S = 3.0
 
     def __init__(self, cfg: TrainConfig, *, console: Console | None = None, engine=None, hub: str | None = None,
                  trust: bool = False, pins: dict[str, str] | None = None):
@@ -108,6 +111,14 @@ class Trainer:
     # -- the run ----------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
+        """Train to `total_steps` (resuming from the last checkpoint). A Ctrl-C raises KeyboardInterrupt: the
+        step being sampled is dropped, and running the same config again resumes."""
+        from hubgym.rollout.interrupt import noting_ctrl_c
+
+        with noting_ctrl_c(self.worker.stopping):  # a Ctrl-C stops the run even where its exception is swallowed
+            return self._run()
+
+    def _run(self) -> TrainResult:
         from hubgym.train.checkpoint import load_checkpoint
         from hubgym.train.engine import Policy
 
@@ -133,6 +144,8 @@ class Trainer:
         before = self._evaluate(0, log) if start == 0 else log.logged(0, "eval/")  # resumed: what the run measured
         producer = self._producer() if cfg.online.steps else None
         for step in range(start, cfg.total_steps):
+            if self.worker.stopping.is_set():
+                raise KeyboardInterrupt("the run is stopping")
             started = time.perf_counter()
             groups, rows = self._step_groups(step, offline, producer)
             metrics = self._train(step, groups, rows, started)
@@ -220,9 +233,14 @@ class Trainer:
 
     def _revive(self) -> bool:
         """Restart the engine if its process died (it then serves the last synced weights); True if it did."""
+        from hubgym.errors import RolloutsStopped
         from hubgym.train.sync import ensure_engine
 
-        if self._engine is None or not ensure_engine(self._engine):
+        if self._engine is None or self._engine.alive():
+            return False
+        if self.worker.stopping.wait(timeout=self.STOPPING_GRACE_S):  # vLLM died with the run's Ctrl-C
+            raise RolloutsStopped("the run is stopping: the vLLM engine that died with it was not restarted")
+        if not ensure_engine(self._engine):
             return False
         self.console.print("[yellow]the vLLM engine had died: restarted it with the last synced weights")
         self._count({"engine_restarts": 1})
