@@ -49,6 +49,7 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     VERIFIER: ClassVar[str]  # dotted module name, or a .py path relative to the builder's file
     GOLDEN: ClassVar[str]  # golden cases (JSONL), relative to the builder's file
     TOOLS: ClassVar[tuple[str, ...]] = ()  # tools its rows may offer (for the catalog)
+    TAGS: ClassVar[tuple[str, ...]] = ()  # free-form lowercase words the catalog filters on: ("math", "games")
 
     BUILDER_CONFIG_CLASS = TaskConfig
     BUILDER_CONFIGS = [TaskConfig(name="default")]
