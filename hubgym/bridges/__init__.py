@@ -1,0 +1,1 @@
+"""Bridges: families of environments generated from installed packages (reasoning-gym, TextArena)."""
