@@ -116,13 +116,15 @@ def gather_logprobs(logits: torch.Tensor, input_ids: torch.Tensor, positions: to
     rows, cols = positions.nonzero(as_tuple=True)
     picked = logits[rows, cols].float()  # (N, V)
     targets = input_ids[rows, cols + 1]  # logits at t predict token t + 1
-    chosen = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(picked, dim=-1)  # (N,)
+    lse = torch.logsumexp(picked, dim=-1)  # (N,)
+    chosen = picked.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     shape = positions.shape
     out = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), chosen)
     entropy = None
     if with_entropy:
-        with torch.no_grad():  # in chunks: softmax of a chunk is the only extra (chunk, V) tensor
-            values = [_entropy(picked[i:i + chunk]) for i in range(0, picked.shape[0], chunk)]
+        with torch.no_grad():  # in chunks: the probabilities of a chunk are the only extra (chunk, V) tensor
+            lse = lse.detach()
+            values = [_entropy(picked[i:i + chunk], lse[i:i + chunk]) for i in range(0, picked.shape[0], chunk)]
             ent = torch.cat(values) if values else picked.new_zeros(0)
             entropy = torch.zeros(shape, dtype=torch.float32, device=logits.device).index_put((rows, cols), ent)
     return out, entropy
@@ -136,9 +138,10 @@ def token_aligned(next_token_logprobs: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(next_token_logprobs, (1, 0))
 
 
-def _entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = logsumexp(x) - sum softmax(x) x, per row."""
-    return torch.logsumexp(logits, -1) - (torch.softmax(logits, -1) * logits).sum(-1)
+def _entropy(logits: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """H = lse - sum_v softmax(x)_v x_v, per row, with the logsumexp the loss computed already: one fused softmax
+    and one dot product over the logits (on a large vocabulary, each pass over them costs)."""
+    return lse - torch.linalg.vecdot(torch.softmax(logits, -1), logits)
 
 
 def loss_fn(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
