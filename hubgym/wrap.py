@@ -1,0 +1,282 @@
+"""`hubgym wrap`: any dataset `datasets.load_dataset` reads becomes a single-turn env folder.
+
+    spec = WrapSpec("openai/gsm8k", prompt="question", answer="answer", reward="numeric",
+                    out=Path("envs/gsm8k_numeric"), config="main", answer_regex=r"####\\s*(.+)$")
+    folder = wrap_dataset(spec)   # -> envs/gsm8k_numeric/{builder.py, verifier.py, golden.jsonl, README.md, data/}
+
+The env is self-contained: the columns it reads are copied into `data/<split>.parquet`, so it builds
+offline, its ids never move with the source, and `hubgym push` needs nothing else. The builder,
+verifier and README come from `hubgym/templates/wrap/*.tmpl`; the golden cases come from the data
+(each gold answer, a wrong answer and a reply without an answer, scored by the generated verifier).
+
+Before anything is written the source is checked (columns exist and hold the right types, no row is
+empty, every gold answer earns full reward from its own verifier); a bad source is one
+EnvContractError naming the env, config, split, row and field. The folder is made beside `out`
+and renamed into place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from string import Template
+
+import datasets
+
+from hubgym.errors import EnvContractError, Where
+from hubgym.fileio import replace_dir
+from hubgym.scaffold import class_name, validate_env_name
+from hubgym.wrap_checks import check_source, dedup, golden_cases_from_data, limit_rows
+
+TEMPLATES = Path(__file__).parent / "templates" / "wrap"
+
+
+@dataclass(frozen=True)
+class RewardKind:
+    """What a `--reward` choice puts into the generated env's prompt, verifier and docs."""
+
+    answer_format: str  # the sentence of the system prompt that states the answer format
+    answer_what: str  # "reply with <answer_what> inside <answer></answer>"
+    short: str  # one line for the README
+    doc: str  # the Reward section of the builder docstring
+
+
+REWARD_KINDS: dict[str, RewardKind] = {
+    "exact": RewardKind("Give your final answer inside <answer></answer>.", "the answer",
+                        "normalized text match",
+                        "correct (weight 1): the text in the reply's <answer> equals info.answer, both\n"
+                        "    case-folded, with whitespace and final punctuation normalized. Total in [0, 1]."),
+    "numeric": RewardKind("Give the final number inside <answer></answer>.", "the final number",
+                          "number equality within a relative tolerance",
+                          "correct (weight 1): the one number in the reply's <answer> equals the number in\n"
+                          "    info.answer within a relative tolerance of {tolerance}. Total in [0, 1]."),
+    "math_verify": RewardKind("Give the final answer inside <answer></answer>.", "the final answer",
+                              "mathematical equality by math-verify",
+                              "correct (weight 1): the reply's <answer> equals info.answer by math-verify\n"
+                              "    (\"1/2\", \"0.5\" and \"\\frac{{1}}{{2}}\" agree). Total in [0, 1]."),
+    "choice": RewardKind("Reply with the letter of the correct choice inside <answer></answer>.",
+                         "the letter of the right choice", "the letter (or text) of the right choice",
+                         "correct (weight 1): the reply's <answer> names the right choice, by its letter\n"
+                         "    (\"B\", \"(b)\", \"B. text\") or its full text. Total in [0, 1]."),
+}
+DEFAULT_LEAD = {"choice": "Answer the multiple-choice question."}  # other rewards: "Answer the question."
+
+
+@dataclass
+class WrapSpec:
+    """Everything `hubgym wrap` needs; validated once, in `validate`."""
+
+    dataset: str  # a local folder of Parquet/JSON/CSV files, or a Hub dataset id (read through the HF cache)
+    prompt: str  # column holding the question text
+    answer: str  # column holding the gold answer (choice: a 0-based index or a letter)
+    reward: str  # exact | numeric | math_verify | choice
+    out: Path  # the env folder to create
+    config: str | None = None  # the source's config (subset)
+    revision: str | None = None  # the source's revision (Hub datasets), recorded in the env's docs
+    split_map: dict[str, str] = field(default_factory=dict)  # env split -> source split; empty: every split as is
+    choices: str | None = None  # column holding the list of choices (reward choice)
+    system: str | None = None  # system prompt; the answer-format sentence is added when it lacks "<answer>"
+    answer_regex: str | None = None  # the gold answer is what this captures in the answer column
+    tolerance: float = 1e-6  # numeric: relative tolerance
+    name: str | None = None  # env name; default: from the dataset's name
+    limit: int | None = None  # keep at most this many rows per split (the first ones)
+    force: bool = False  # replace a non-empty `out`
+    cache_dir: str | None = None  # datasets' cache for reading the source
+
+    @property
+    def env(self) -> str:
+        return self.name or env_name_for(self.dataset)
+
+    def where(self, split: str | None = None, row: str | None = None, field: str | None = None) -> Where:
+        return Where(self.env, self.config, split, row, field)
+
+    def validate(self) -> None:
+        """Refuse option combinations that cannot make an env, before the source is read."""
+        validate_env_name(self.env)
+        if self.reward not in REWARD_KINDS:
+            raise EnvContractError(f"unknown reward {self.reward!r}", self.where(field="--reward"),
+                                   f"use one of: {', '.join(REWARD_KINDS)}")
+        if (self.reward == "choice") != (self.choices is not None):
+            raise EnvContractError("--choices names the column of choices, which only --reward choice uses"
+                                   if self.choices else "--reward choice needs the column of choices",
+                                   self.where(field="--choices"),
+                                   "pass --reward choice with --choices COLUMN (a list of strings per row), or "
+                                   "neither")
+        if self.answer_regex is not None:
+            if self.reward == "choice":
+                raise EnvContractError("--answer-regex does not apply to --reward choice",
+                                       self.where(field="--answer-regex"), "leave --answer-regex out")
+            try:
+                re.compile(self.answer_regex)
+            except re.error as exc:
+                raise EnvContractError(f"--answer-regex {self.answer_regex!r} is not a regular expression ({exc})",
+                                       self.where(field="--answer-regex"),
+                                       "give a Python regex; its first group (or whole match) is the answer, "
+                                       "e.g. '####\\s*(.+)$'") from None
+        if self.limit is not None and self.limit < 1:
+            raise EnvContractError(f"--limit is {self.limit}", self.where(field="--limit"), "give --limit >= 1")
+        if self.tolerance < 0:
+            raise EnvContractError(f"--tolerance is {self.tolerance}", self.where(field="--tolerance"),
+                                   "give a relative tolerance >= 0, e.g. 1e-6")
+        check_out_folder(self)
+
+    def command(self) -> str:
+        """The `hubgym wrap` command line that makes this env (recorded in its README)."""
+        args = ["hubgym", "wrap", self.dataset]
+        options = [("--config", self.config), ("--revision", self.revision), ("--name", self.name),
+                   ("--split-map", ",".join(f"{k}={v}" for k, v in self.split_map.items()) or None),
+                   ("--prompt", self.prompt), ("--answer", self.answer), ("--choices", self.choices),
+                   ("--answer-regex", self.answer_regex), ("--reward", self.reward), ("--system", self.system),
+                   ("--limit", self.limit),
+                   ("--tolerance", self.tolerance if self.reward == "numeric" and self.tolerance != 1e-6 else None),
+                   ("--out", self.out.name)]
+        args += [str(part) for option, value in options if value is not None for part in (option, value)]
+        return " ".join(shlex.quote(arg) for arg in args)
+
+    def system_prompt(self) -> str:
+        kind = REWARD_KINDS[self.reward]
+        if self.system and "<answer>" in self.system:
+            return self.system
+        return f"{self.system or DEFAULT_LEAD.get(self.reward, 'Answer the question.')} {kind.answer_format}"
+
+
+def env_name_for(dataset: str) -> str:
+    """'openai/gsm8k' -> 'gsm8k', 'data/My-Quiz' -> 'my_quiz': the dataset's last name, as an identifier."""
+    name = re.sub(r"[^a-z0-9_]+", "_", Path(dataset.rstrip("/")).name.lower()).strip("_")
+    return name if re.match(r"[a-z]", name) else f"env_{name}"
+
+
+def check_out_folder(spec: WrapSpec) -> None:
+    out = spec.out
+    if out.is_file() or (out.is_symlink() and not out.is_dir()):
+        raise EnvContractError(f"--out {out} is a file", spec.where(field="--out"), "give a folder path for --out")
+    if out.is_dir() and any(out.iterdir()) and not spec.force:
+        raise EnvContractError(f"--out {out} exists and is not empty; hubgym wrap never overwrites files unless told",
+                               spec.where(field="--out"), "pick another --out, or pass --force to replace it")
+
+
+def wrap_dataset(spec: WrapSpec) -> Path:
+    """Check the source, write the env folder beside `spec.out`, prove it builds and scores, rename it in."""
+    spec.validate()
+    rows = {split: limit_rows(source, spec, split) for split, source in read_source(spec).items()}
+    check_source(rows, spec)
+    kept = {split: dedup(source) for split, source in rows.items()}  # {split: (rows, their source indices)}
+    spec.out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{spec.out.name}-wrap-", dir=spec.out.parent))
+    try:
+        write_data({split: unique for split, (unique, _) in kept.items()}, staging / "data")
+        for file_name, text in render(spec, {split: len(unique) for split, (unique, _) in kept.items()}).items():
+            (staging / file_name).write_text(text)
+        golden = golden_cases_from_data(staging, spec, {split: indices for split, (_, indices) in kept.items()})
+        (staging / "golden.jsonl").write_text("".join(json.dumps(case) + "\n" for case in golden))
+        if spec.out.is_dir() and not any(spec.out.iterdir()):
+            spec.out.rmdir()
+        replace_dir(staging, spec.out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return spec.out
+
+
+def read_source(spec: WrapSpec) -> dict[str, datasets.Dataset]:
+    """The source's splits under the env's split names ({env split: rows})."""
+    try:
+        loaded = datasets.load_dataset(spec.dataset, spec.config, revision=spec.revision, cache_dir=spec.cache_dir)
+    except Exception as exc:  # datasets raises many kinds: FileNotFoundError, ArrowInvalid, DatasetNotFoundError...
+        raise EnvContractError(f"cannot read dataset {spec.dataset!r}: {type(exc).__name__}: {exc}",
+                               spec.where(field="DATASET"),
+                               "give a folder of Parquet/JSON/CSV files or a Hub dataset id that datasets.load_dataset "
+                               "reads (with --config for a dataset with several configs; a Hub dataset must be in "
+                               "the Hugging Face cache to work offline)") from None
+    mapping = spec.split_map or {split: split for split in loaded}
+    missing = [source for source in mapping.values() if source not in loaded]
+    if missing:
+        raise EnvContractError(f"the dataset has no split {missing[0]!r}; it has {sorted(loaded)}",
+                               spec.where(split=missing[0], field="--split-map"),
+                               "map env splits to existing ones, e.g. --split-map train=train,test=" + sorted(loaded)[0])
+    return {env_split: loaded[source] for env_split, source in mapping.items()}
+
+
+def parse_split_map(text: str | None) -> dict[str, str]:
+    """'train=train,test=validation' (or 'test=validation' alone) -> {env split: source split}."""
+    mapping: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        env_split, eq, source = (s.strip() for s in item.partition("="))
+        if not eq or not re.fullmatch(r"\w+", env_split) or not source:
+            raise EnvContractError(f"--split-map entry {item!r} is not ENV_SPLIT=SOURCE_SPLIT",
+                                   Where(field="--split-map"),
+                                   "write it as train=train,test=validation (env split names: letters, digits, _)")
+        mapping[env_split] = source
+    return mapping
+
+
+def write_data(splits: dict[str, datasets.Dataset], folder: Path) -> None:
+    folder.mkdir()
+    for split, rows in splits.items():
+        rows.to_parquet(str(folder / f"{split}.parquet"))
+
+
+def render(spec: WrapSpec, sizes: dict[str, int]) -> dict[str, str]:
+    """builder.py, verifier.py and README.md of the env (golden.jsonl is made from them afterwards)."""
+    kind = REWARD_KINDS[spec.reward]
+    columns = [spec.prompt, *([spec.choices] if spec.choices else []), spec.answer]
+    values = {
+        "name": spec.env, "cls": class_name(spec.env), "reward": spec.reward, "summary": summary(spec),
+        "prompt_column": spec.prompt, "answer_column": spec.answer, "choices_column": spec.choices or "",
+        "prompt_literal": literal(spec.prompt), "answer_literal": literal(spec.answer),
+        "choices_literal": literal(spec.choices), "system_literal": literal(spec.system_prompt()),
+        "pattern_literal": regex_literal(spec.answer_regex or ""), "sizes": literal(sizes),
+        "answer_what": kind.answer_what, "answer_doc": doc_text(answer_doc(spec)),
+        "reward_doc": doc_text(kind.doc.format(tolerance=spec.tolerance)), "reward_short": kind.short,
+        "split_doc": ", ".join(f"{split} {n}" for split, n in sizes.items()),
+        "source_doc": doc_text(source_doc(spec)), "command": spec.command(), "tolerance": repr(spec.tolerance),
+        "columns": ", ".join(f"`{c}`" for c in columns),
+    }
+    builder = "builder_choice" if spec.reward == "choice" else "builder_pattern" if spec.answer_regex else "builder"
+    files = {"builder.py": f"{builder}.py.tmpl", "verifier.py": f"verifier_{spec.reward}.py.tmpl",
+             "README.md": "README.md.tmpl"}
+    return {name: Template((TEMPLATES / template).read_text()).substitute(values) for name, template in files.items()}
+
+
+def summary(spec: WrapSpec) -> str:
+    kind = "multiple-choice questions" if spec.reward == "choice" else "questions"
+    return f"{kind} from the dataset {spec.dataset}" + (f" ({spec.config})" if spec.config else "")
+
+
+def answer_doc(spec: WrapSpec) -> str:
+    if spec.reward == "choice":
+        return "a 0-based index or a letter"
+    if spec.answer_regex:
+        return f"what ANSWER_PATTERN captures in column `{spec.answer}`"
+    return f"column `{spec.answer}`"
+
+
+def source_doc(spec: WrapSpec) -> str:
+    parts = [f"{spec.dataset!r}"] + [f"config {spec.config!r}"] * bool(spec.config) + \
+        [f"revision {spec.revision!r}"] * bool(spec.revision)
+    splits = ", ".join(f"{env}={source}" for env, source in spec.split_map.items())
+    return (", ".join(parts) + ", read with datasets.load_dataset" + (f"; splits {splits}" if splits else "")
+            + (f"; at most the first {spec.limit} rows per split" if spec.limit else "")
+            + "; rows repeated in a split are kept once.")
+
+
+def doc_text(text: str) -> str:
+    """Text safe inside the builder's plain (non-raw) triple-quoted docstring."""
+    return text.replace("\\", "\\\\").replace('"""', '\\"\\"\\"')
+
+
+def literal(value: str | dict | None) -> str:
+    """A Python literal in the double quotes a person writes (JSON's string and dict syntax is Python's)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def regex_literal(pattern: str) -> str:
+    """A raw-string literal where one can hold the pattern (what a person writes), else repr()."""
+    if '"' not in pattern and "\n" not in pattern and not pattern.endswith("\\"):
+        return f'r"{pattern}"'
+    return repr(pattern)
