@@ -1,33 +1,42 @@
-"""The environment catalog: what each known env is, read from its builder class without building it.
+"""The environment catalog: what each known env is, without building any.
 
-    for entry in catalog():          # built-ins, then installed `hubgym.envs` entry points
-        print(entry.name, entry.kind, entry.splits)
+    for entry in catalog():                                    # built-ins, families, then entry points
+        print(entry.name, entry.kind, entry.source, entry.configs)
+    catalog(source="reasoning_gym", tags=["math"], pattern="rg_*count*")   # a slice: filters combine
 
-Listing imports each builder module (cheap) but never generates a row, so `hubgym envs` stays fast.
-An env whose module fails to import is listed with the error instead of hiding the others.
+Built-ins and entry points are read from their builder classes (importing a builder module is cheap; no
+row is generated). Family envs are read from the family's shipped index, so the bridged packages are not
+imported at all. A builder or family that fails to load is one row holding the error, never the end of
+the listing.
 """
 
 from __future__ import annotations
 
+import fnmatch
+import inspect
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+from hubgym.builders import registry
+from hubgym.builders.families import FamilyEnv
 
-from hubgym.builders.base import TaskBuilder
-from hubgym.builders.registry import env_names, resolve_env
+if TYPE_CHECKING:
+    from hubgym.builders.base import TaskBuilder
 
 FROM_DATA = "from data"
 """Split sizes of a builder that overrides `_split_generators`: they depend on its source data."""
 
 _SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")  # datasets names shards `<name>-<split>-00000-of-00004.<fmt>`
+_GLOB = re.compile(r"[*?\[]")
 
 
 @dataclass(frozen=True)
 class EnvEntry:
-    """One row of the catalog. `error` is set (and the rest left empty) when the builder failed to load."""
+    """One row of the catalog. `error` is set (and the rest left empty) when the builder or family failed to load.
+
+    env_id, splits and verifier are known only for envs read from their class (built-ins, entry points)."""
 
     name: str
     env_id: str = ""
@@ -37,27 +46,99 @@ class EnvEntry:
     tools: list[str] = field(default_factory=list)
     verifier: str = ""
     error: str | None = None
+    source: str = registry.BUILTIN  # "builtin" | a family's name | "entry point"
+    tags: list[str] = field(default_factory=list)
+    description: str = ""
 
 
-def describe(builder: type[TaskBuilder], name: str | None = None) -> EnvEntry:
+@dataclass(frozen=True)
+class CatalogFilter:
+    """Which rows to keep; every given criterion must hold (tags: all of them)."""
+
+    source: str | None = None  # "builtin", a family name, or "entry point"
+    kind: str | None = None
+    tags: tuple[str, ...] = ()
+    pattern: str | None = None  # a substring of the name, or a glob when it holds * ? or [
+
+    def name_matches(self, name: str) -> bool:
+        if not self.pattern:
+            return True
+        return fnmatch.fnmatchcase(name, self.pattern) if _GLOB.search(self.pattern) else self.pattern in name
+
+    def keeps(self, entry: EnvEntry) -> bool:
+        """A row that failed to load is kept while its source and name are in scope: the user should see it."""
+        if (self.source and entry.source != self.source) or not self.name_matches(entry.name):
+            return False
+        if entry.error:
+            return True
+        return (not self.kind or entry.kind == self.kind) and set(self.tags) <= set(entry.tags)
+
+
+def describe(builder: type[TaskBuilder], name: str | None = None, source: str = registry.BUILTIN) -> EnvEntry:
     """The catalog entry of one builder class."""
+    from hubgym.builders.base import TaskBuilder
+
     custom_splits = builder._split_generators is not TaskBuilder._split_generators
     splits = {c.name: FROM_DATA if custom_splits else _sizes_text(getattr(c, "sizes", {}))
               for c in builder.BUILDER_CONFIGS}
     return EnvEntry(name=name or builder.ENV, env_id=builder.env_id(), kind=builder.KIND,
                     configs=builder.config_names(), splits=splits, tools=list(builder.TOOLS),
-                    verifier=builder.VERIFIER)
+                    verifier=builder.VERIFIER, source=source, tags=list(getattr(builder, "TAGS", ())),
+                    description=_first_line(inspect.getdoc(builder)))
 
 
-def catalog(names: list[str] | None = None) -> list[EnvEntry]:
-    """Entries for `names` (default: every registered env), in order."""
-    entries = []
-    for name in env_names() if names is None else names:
-        try:
-            entries.append(describe(resolve_env(name), name))
-        except Exception as exc:  # one broken env must not hide the catalog
-            entries.append(EnvEntry(name=name, error=f"{type(exc).__name__}: {exc}"))
-    return entries
+def from_family(entry: FamilyEnv) -> EnvEntry:
+    """The catalog entry of a family env, from its index row alone."""
+    return EnvEntry(name=entry.name, kind=entry.kind, configs=list(entry.configs), source=entry.source,
+                    tags=list(entry.tags), description=entry.description)
+
+
+def catalog(names: list[str] | None = None, *, source: str | None = None, kind: str | None = None,
+            tags: tuple[str, ...] | list[str] = (), pattern: str | None = None) -> list[EnvEntry]:
+    """Entries for `names` (default: the whole catalog: built-ins, families, entry points), filtered.
+
+    Filters by name and source apply before anything is imported, so a slice costs only what it lists."""
+    wanted = CatalogFilter(source, kind, tuple(tags), pattern)
+    if names is not None:
+        return [e for e in map(_entry_for_name, names) if wanted.keeps(e)]
+    entries = [_builder_entry(name, registry.BUILTIN) for name in registry.BUILTIN_ENVS
+               if source in (None, registry.BUILTIN) and wanted.name_matches(name)]
+    for family in registry.FAMILIES:
+        if source in (None, family):
+            entries += _family_rows(family)
+    if source in (None, registry.ENTRY_POINT):
+        entries += [_builder_entry(name, registry.ENTRY_POINT) for name in registry.env_names(registry.ENTRY_POINT)
+                    if wanted.name_matches(name)]
+    return [e for e in entries if wanted.keeps(e)]
+
+
+def _entry_for_name(name: str) -> EnvEntry:
+    """One named env's row, from wherever the registry finds it (a family's from its index)."""
+    if name in registry.BUILTIN_ENVS:
+        return _builder_entry(name, registry.BUILTIN)
+    family = registry.family_for(name)
+    rows = {e.name: e for e in registry.family_entries_or_none(family) or []} if family else {}
+    return from_family(rows[name]) if name in rows else _builder_entry(name, registry.ENTRY_POINT)
+
+
+def _builder_entry(name: str, source: str) -> EnvEntry:
+    try:
+        return describe(registry.resolve_env(name), name, source)
+    except Exception as exc:  # one broken env must not hide the catalog
+        return EnvEntry(name=name, source=source, error=f"{type(exc).__name__}: {exc}")
+
+
+def _family_rows(family: str) -> list[EnvEntry]:
+    """A family's rows; one row named after the family, holding the error, when its module or index fails."""
+    try:
+        return [from_family(entry) for entry in registry.family_entries(family)]
+    except Exception as exc:  # a missing or broken bridge: listed, never fatal
+        return [EnvEntry(name=family, source=family,
+                         error=f"family {registry.FAMILIES[family]} failed to load: {type(exc).__name__}: {exc}")]
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "").strip().split("\n", 1)[0]
 
 
 def _sizes_text(sizes: dict[str, int]) -> str:
@@ -72,6 +153,9 @@ def split_of(path: Path) -> str:
 
 def count_rows(path: Path) -> int:
     """Rows in a Parquet file (from its footer) or a datasets `.arrow` file (Arrow IPC stream format)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     if path.suffix == ".parquet":
         return pq.ParquetFile(path).metadata.num_rows
     with pa.memory_map(str(path)) as source:

@@ -40,20 +40,41 @@ def error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, HubgymError) else f"{type(exc).__name__}: {exc}"
 
 
-def catalog_table(entries: list[EnvEntry]) -> Group:
-    """One row per env, its configs and their split sizes line by line; envs that failed to load listed below."""
-    table = Table(title="hubgym environments", title_justify="left", box=box.SIMPLE_HEAD)
-    for column in ("env", "version", "kind", "configs", "split sizes", "tools", "verifier"):
-        table.add_column(column, no_wrap=column != "verifier", overflow="fold")
-    broken = [e for e in entries if e.error]
+CONFIGS_SHOWN = 3
+CATALOG_COLUMNS = (("env", 40), ("kind", 11), ("source", 13), ("configs", 32), ("tags", 30), ("tools", 24),
+                   ("description", 200))
+"""Config names a catalog line shows before it counts the rest: `easy, medium, hard +2`."""
+
+
+def catalog_table(entries: list[EnvEntry], width: int = 160) -> Group:
+    """One line per env (hundreds of rows stay readable) in `width` columns: long config lists end in a count,
+    long text is cut with an ellipsis. Envs and families that failed to load are listed below the table with their error."""
+    by_source: dict[str, int] = {}
     for e in entries:
-        if e.error:
-            table.add_row(Text(e.name, style="bold"), "", Text("unavailable", style="red"))
-            continue
-        table.add_row(Text(e.name, style="bold"), e.env_id.removeprefix(f"{e.name}-"), e.kind, "\n".join(e.configs),
-                      "\n".join(e.splits[c] for c in e.configs), ", ".join(e.tools) or "-", Text(e.verifier))
-    notes = [Text.assemble((f"{e.name}: ", "bold red"), (e.error or "", "red")) for e in broken]
+        by_source[e.source] = by_source.get(e.source, 0) + 1
+    title = f"hubgym environments: {len(entries)} (" + ", ".join(f"{n} {s}" for s, n in by_source.items()) + ")"
+    rows = [(e.name, "unavailable", e.source, "", "", "", "") if e.error else
+            (e.name, e.kind, e.source, short_list(e.configs), ", ".join(e.tags) or "-", ", ".join(e.tools) or "-",
+             e.description) for e in entries]
+    table = Table(title=title if entries else "hubgym environments: none match", title_justify="left",
+                  box=box.SIMPLE_HEAD)
+    widths = [min(max([len(column), *(len(row[i]) for row in rows)]), widest)  # each as wide as its text, up to
+              for i, (column, widest) in enumerate(CATALOG_COLUMNS)]              # a cap; the description gets
+    widths[-1] = max(width - sum(widths[:-1]) - 3 * len(widths) - 1, 12)        # the rest (3 = padding + rule)
+    for (column, _), column_width in zip(CATALOG_COLUMNS, widths):
+        table.add_column(column, no_wrap=True, overflow="ellipsis", width=column_width)
+    for e, row in zip(entries, rows):
+        style = "red" if e.error else ""
+        table.add_row(Text(row[0], style="bold"), *(Text(cell, style=style if i == 0 else "") for i, cell in
+                                                     enumerate(row[1:])))
+    notes = [Text.assemble((f"{e.name}: ", "bold red"), (e.error or "", "red")) for e in entries if e.error]
     return Group(table, *notes)
+
+
+def short_list(items: list[str], shown: int = CONFIGS_SHOWN) -> str:
+    """`a, b, c +4` for seven items: the first few, then how many more."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" +{more}" if more > 0 else "")
 
 
 def files_table(files: Iterable[Path], title: str) -> Table:

@@ -1,25 +1,31 @@
 """`hubgym envs`, `init`, `build`, `check` and `push`: environments, from the catalog to a hub.
 
     hubgym envs                               # the catalog (fast: builds nothing)
+    hubgym envs 'rg_*' --tag math --format names   # a slice of it, one name a line, for scripts
     hubgym init my_env --dir envs             # scaffold envs/my_env/ that passes `hubgym check` as is
     hubgym build arithmetic --config all      # every config's splits as Parquet under out/arithmetic/
     hubgym check ./envs/my_env                # conformance; exit code 1 when any check fails
+    hubgym check all --jobs 4                 # the whole catalog, 4 envs at a time (--source/--tag: a slice)
     hubgym push arithmetic my-org/arithmetic  # one new hub revision: data, card, verifier, manifest
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.builders.base import TaskBuilder
 from hubgym.cli.app import HUB_HELP, app, console, fail, user_errors
 from hubgym.errors import EnvContractError, HubgymError, Where
+
+if TYPE_CHECKING:
+    from hubgym.builders.base import TaskBuilder
 
 
 class FileFormat(str, Enum):
@@ -33,13 +39,49 @@ class Kind(str, Enum):
     multi_turn = "multi_turn"
 
 
+class ListFormat(str, Enum):
+    table = "table"
+    json = "json"
+    names = "names"
+
+
+SOURCE_HELP = "only envs from this source: 'builtin', a family (reasoning_gym, textarena), or 'entry point'"
+TAG_HELP = "only envs with this tag (repeatable: every tag given must match)"
+
+
 @app.command()
 @user_errors
-def envs() -> None:
-    """List every known env (built-ins, then installed `hubgym.envs` entry points) without building any."""
+def envs(pattern: Annotated[Optional[str], typer.Argument(help="only names holding this text, or matching this "
+                                                                "glob (rg_*, *sort*)")] = None,
+         kind: Annotated[Optional[Kind], typer.Option(help="only envs of this interaction kind")] = None,
+         source: Annotated[Optional[str], typer.Option(help=SOURCE_HELP)] = None,
+         tag: Annotated[Optional[list[str]], typer.Option(help=TAG_HELP)] = None,
+         fmt: Annotated[ListFormat, typer.Option("--format", help="table for people; json (one object per env, "
+                                                 "failed ones with 'error') or names (one a line) for scripts")]
+         = ListFormat.table) -> None:
+    """List the catalog (built-ins, env families, then installed `hubgym.envs` entry points) without building any."""
     from hubgym.catalog import catalog
 
-    console().print(views.catalog_table(catalog()))
+    entries = catalog(source=_known_source(source), kind=kind.value if kind else None, tags=tag or (), pattern=pattern)
+    if fmt is ListFormat.json:
+        typer.echo("[\n" + ",\n".join(json.dumps(asdict(e)) for e in entries) + "\n]")  # one env a line
+    elif fmt is ListFormat.names:
+        for e in entries:
+            if e.error:
+                console(stderr=True).print(Text(f"{e.name}: {e.error}", style="red"), soft_wrap=True)
+            else:
+                typer.echo(e.name)
+    else:
+        out = console()
+        out.print(views.catalog_table(entries, width=out.width))
+
+
+def _known_source(source: str | None) -> str | None:
+    from hubgym.builders.registry import sources
+
+    if source is not None and source not in sources():
+        fail(f"--source {source!r} is not a source of envs; give one of: {', '.join(sources())}")
+    return source
 
 
 @app.command()
@@ -74,30 +116,73 @@ def build(env: Annotated[str, typer.Argument(help="env name, versioned id, or pa
 
 @app.command()
 @user_errors
-def check(target: Annotated[str, typer.Argument(help="env name, path to an env folder (or a folder of env folders), "
-                                                     "or 'all'")],
+def check(target: Annotated[Optional[str], typer.Argument(help="env name, path to an env folder (or a folder of env "
+                                                              "folders), or 'all' (the default with --source/--tag)")]
+          = None,
           config: Annotated[Optional[str], typer.Option(help="check only this config (one env only) "
                                                         "[default: every config]")] = None,
-          max_rows: Annotated[int, typer.Option(min=1, help="rows per split to check")] = 200) -> None:
-    """Run the conformance checks; print a table, then every failure in full. Exit code 1 on any failure."""
-    from hubgym.builders import env_names
+          max_rows: Annotated[int, typer.Option(min=1, help="rows per split to check")] = 200,
+          source: Annotated[Optional[str], typer.Option(help=SOURCE_HELP + " (with 'all')")] = None,
+          tag: Annotated[Optional[list[str]], typer.Option(help=TAG_HELP + " (with 'all')")] = None,
+          jobs: Annotated[Optional[int], typer.Option(min=1, help="envs checked at once, each in its own process "
+                                                      "[default: the CPU count]")] = None,
+          timeout: Annotated[float, typer.Option(min=1, help="seconds one env's checks may take when several envs "
+                                                 "are checked; past it the env is one failure row")] = 900.0) -> None:
+    """Run the conformance checks; print a table, then every failure in full. Exit code 1 on any failure.
 
-    if target == "all":
+    Several envs (all, a slice, a folder of envs) are checked in parallel, one process per env, so a crash or
+    a hang of one env is that env's failure row and the others go on."""
+    if target is None and not (source or tag):
+        fail("name what to check: an env, an env folder, or 'all' (or a slice of the catalog: --source / --tag)")
+    if (source or tag) and target not in (None, "all"):
+        fail(f"--source and --tag pick envs from the catalog; use them with 'all' or alone, not with {target!r}")
+    if target in (None, "all"):
         if config:
             fail("--config names one env's config; run `hubgym check ENV --config C`, or `hubgym check all` alone")
-        names, configs = env_names(), None
+        names = _catalog_slice(source, tag or [])
     elif Path(target).is_dir() and not (Path(target) / "builder.py").is_file():  # a folder of env folders
-        names, configs = _env_folders(target, config), None
+        names = _env_folders(target, config)
     else:
         _validate_target(target, config)
-        names, configs = [target], None if config in (None, "all") else [config]
-    from hubgym.conformance import CHECKS, iter_checks  # iter_checks: check_env, one result at a time
+        results = _check_one(target, None if config in (None, "all") else [config], max_rows)
+        return report(results)
+    report(_check_in_parallel(names, max_rows, jobs, timeout))
 
-    results = views.with_progress(console(), names,
-                                  lambda name: iter_checks(name, configs=configs, max_rows=max_rows),
-                                  steps=len(CHECKS))
-    report(results)
 
+def _catalog_slice(source: str | None, tags: list[str]) -> list[str]:
+    """Names of the catalog's envs from `source` with every tag; a family that failed to load is one name, so
+    its failure is a row of the run too."""
+    from hubgym.catalog import catalog
+
+    names = [e.name for e in catalog(source=_known_source(source), tags=tags)]
+    if not names:
+        fail(f"no env matches --source {source} --tag {' --tag '.join(tags)}; list them with `hubgym envs`")
+    return names
+
+
+def _check_one(target: str, configs: list[str] | None, max_rows: int) -> list:
+    """One env, in this process, a progress step per check."""
+    from hubgym.conformance import CHECKS, iter_checks
+
+    return views.with_progress(console(), [target], lambda name: iter_checks(name, configs=configs,
+                                                                             max_rows=max_rows), steps=len(CHECKS))
+
+
+def _check_in_parallel(names: list[str], max_rows: int, jobs: int | None, timeout: float) -> list:
+    """Many envs, `jobs` processes at a time; the bar counts finished envs and names each check as it finishes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from hubgym.conformance.parallel import check_many, default_jobs
+
+    jobs = jobs or default_jobs()
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("envs"), TimeElapsedColumn())
+    with Progress(*columns, console=console(), transient=True) as progress:
+        bar = progress.add_task(f"checking {len(names)} envs, {jobs} at a time", total=len(names))
+        results = check_many(names, jobs=jobs, timeout=timeout, max_rows=max_rows,
+                             on_result=lambda r: progress.update(bar, description=f"{r.env}: {r.check} done"),
+                             on_done=lambda name: progress.update(bar, advance=1))
+    return results
 
 @app.command()
 @user_errors
