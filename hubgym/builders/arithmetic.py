@@ -44,6 +44,7 @@ class ArithmeticConfig(TaskConfig):
 class Arithmetic(TaskBuilder):
     __doc__ = __doc__
     ENV = "arithmetic"
+    TAGS = ("math", "arithmetic", "procedural")
     VERIFIER = "hubgym.verifiers.arithmetic"
     GOLDEN = "golden/arithmetic.jsonl"
     BUILDER_CONFIG_CLASS = ArithmeticConfig

@@ -112,6 +112,7 @@ class CalcTools(TaskBuilder):
     ENV = "calc_tools"
     KIND = "tool_use"
     TOOLS = ("calculator", "python")
+    TAGS = ("math", "tools", "code")
     VERIFIER = "hubgym.verifiers.calc_tools"
     GOLDEN = "golden/calc_tools.jsonl"
     BUILDER_CONFIG_CLASS = CalcConfig

@@ -53,6 +53,7 @@ class GSM8KConfig(TaskConfig):
 class GSM8K(TaskBuilder):
     __doc__ = __doc__
     ENV = "gsm8k"
+    TAGS = ("math", "word_problems", "real_data")
     VERIFIER = "hubgym.verifiers.gsm8k"
     GOLDEN = "golden/gsm8k.jsonl"
     BUILDER_CONFIG_CLASS = GSM8KConfig

@@ -58,6 +58,7 @@ class Retail(TaskBuilder):
     ENV = "retail"
     KIND = "tool_use"
     TOOLS = ("retail",)
+    TAGS = ("tools", "agent", "customer_service")
     VERIFIER = "hubgym.verifiers.retail"
     GOLDEN = "golden/retail.jsonl"
     BUILDER_CONFIG_CLASS = RetailConfig

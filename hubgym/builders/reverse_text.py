@@ -50,6 +50,7 @@ class ReverseConfig(TaskConfig):
 class ReverseText(TaskBuilder):
     __doc__ = __doc__
     ENV = "reverse_text"
+    TAGS = ("text", "procedural")
     VERIFIER = "hubgym.verifiers.reverse_text"
     GOLDEN = "golden/reverse_text.jsonl"
     BUILDER_CONFIG_CLASS = ReverseConfig
