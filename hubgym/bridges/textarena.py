@@ -43,7 +43,7 @@ HELD_OUT = 5  # one seed in HELD_OUT is kept out of the train split
 WRAPPER_SUFFIXES = ("-train", "-raw")  # TextArena registers each id again per observation wrapper: same game
 SYSTEM = ("You are playing {title}, a single-player text game. The game's rules and its opening follow; the "
           "game answers each reply. Reply with one move per turn, in the bracketed format the rules give. An "
-          "invalid move is explained and uses up a turn; the {max_invalid}th invalid move loses the game.")
+          "invalid move is explained and uses up a turn; the {max_invalid} invalid move loses the game.")
 
 
 @dataclass(frozen=True)
