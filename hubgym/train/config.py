@@ -18,15 +18,16 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hubgym.errors import HubgymError
+from hubgym.mixture.spec import MixEntry
 
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class EnvMix(Section):
-    name: str = Field(description="env spec ENV[:CONFIG] (name, versioned id, folder or org/name@revision)")
-    weight: float = Field(1.0, gt=0, description="mixture weight when drawing tasks and stored rows")
+class EnvMix(MixEntry, Section):
+    """One `envs` entry: a name ENV[:CONFIG], or a selector {source: FAMILY} / {tag: TAG} that expands through
+    the catalog, with a weight (see hubgym.mixture.spec for how weights combine) and optional seed/size."""
 
 
 class Offline(Section):
@@ -56,6 +57,31 @@ class Online(Section):
                              "as config 'online', at every checkpoint and at the end")
     max_model_len: int = Field(4096, ge=16, description="vLLM context length (prompt + every turn); at most the "
                                "model's max_position_embeddings")
+    difficulty_stats: list[str] = Field(default_factory=list, description="task stats to start the difficulty "
+                                        "band from: stats or rollout run folders, or hub repos (hubgym stats)")
+    pass_band: tuple[float, float] = Field((0.0, 1.0), description="draw only tasks whose pass rate is in [low, high] "
+                                           "(tasks with too few samples are drawn); (0, 1) with no difficulty_stats "
+                                           "= no band")
+    difficulty_min_samples: int = Field(8, ge=1, description="samples a task needs before the band judges its pass "
+                                        "rate")
+
+    @field_validator("pass_band")
+    @classmethod
+    def _band_in_unit_interval(cls, band: tuple[float, float]) -> tuple[float, float]:
+        """A pass rate lies in [0, 1]; an empty band would reject every task and stop the run at its first draw."""
+        low, high = band
+        if not 0.0 <= low <= high <= 1.0:
+            raise ValueError(f"pass_band=({low:g}, {high:g}) must satisfy 0 <= low <= high <= 1 (pass rates); "
+                             f"e.g. (0.1, 0.9) keeps tasks the policy sometimes but not always solves")
+        return band
+
+    @field_validator("difficulty_stats")
+    @classmethod
+    def _each_stats_source_once(cls, sources: list[str]) -> list[str]:
+        twice = sorted({s for s in sources if sources.count(s) > 1})
+        if twice:
+            raise ValueError(f"lists {', '.join(twice)} more than once; list each source once")
+        return sources
 
 
 class Sampling(Section):

@@ -1,0 +1,155 @@
+"""Lazy per-env task sources and the LRU pool that bounds how many are open.
+
+    pool = SourcePool(opener, max_open=64)
+    row = pool.row(env_config, Position(epoch=0, pos=17))      # the 18th row of epoch 0, in shuffled order
+
+A source never materializes its split. A builder's rows come straight from its generator (`_split_generators`
+and `_generate_examples`, so every row is checked as a build checks it) and a hub env's rows stream from its
+Parquet files; no datasets cache is written per env. Rows are served in blocks of `block` rows, each block
+shuffled by a seed of its own, so position (epoch, pos) names one row whatever happened before: a source
+evicted from the pool, or a resumed run, reopens and skips to the block that holds it (time linear in pos,
+memory one block). Memory: at most `max_open` open sources, each holding one block of rows and its generator.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import tempfile
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from hubgym.errors import EnvContractError, Where
+
+__all__ = ["OpenSource", "Position", "SourcePool", "builder_rows"]
+
+BLOCK_ROWS = 64  # rows shuffled together: the memory of one open source, and the reach of its local shuffle
+MAX_OPEN = 64  # open sources at once (an LRU): memory stays flat however many env configs a mixture has
+
+
+@dataclass
+class Position:
+    """Where an env config's stream stands: `pos` rows of epoch `epoch` consumed (the next row is `pos`)."""
+
+    epoch: int = 0
+    pos: int = 0
+
+    def to_list(self) -> list[int]:
+        return [self.epoch, self.pos]
+
+
+class OpenSource:
+    """One env config's rows, epoch after epoch, each epoch in a block-shuffled order fixed by (seed, key)."""
+
+    def __init__(self, key: str, rows: Callable[[], Iterator[dict]], seed: int, block: int = BLOCK_ROWS):
+        self.key, self._rows, self._seed, self._block_rows = key, rows, seed, block
+        self._iter: Iterator[dict] | None = None
+        self._epoch, self._read = -1, 0  # the epoch the iterator walks, and rows read from it so far
+        self._block: list[dict] = []
+        self._block_at: tuple[int, int] | None = None  # (epoch, block index) held in _block
+        self.epoch_rows: int | None = None  # rows per epoch, known once an epoch has run out
+
+    def row(self, at: Position) -> dict | None:
+        """The row at `at`, or None when `at.pos` is past the end of the epoch (the caller moves on to the next
+        epoch). An env whose split yields no row at all is an error."""
+        index, offset = divmod(at.pos, self._block_rows)
+        if self._block_at != (at.epoch, index):
+            self._load_block(at.epoch, index)
+        if offset < len(self._block):
+            return self._block[offset]
+        if self.epoch_rows == 0:
+            raise EnvContractError(f"mixture env config {self.key!r} yields no rows", Where(env=self.key),
+                                   "give it a split with rows (or leave it out of the mixture)")
+        return None
+
+    def _load_block(self, epoch: int, index: int) -> None:
+        start = index * self._block_rows
+        if self._iter is None or self._epoch != epoch or self._read > start:
+            self.close()
+            self._iter, self._epoch, self._read = self._rows(), epoch, 0
+        if self._read < start:  # skip to the block: a resumed or evicted source pays time, not memory
+            self._read += sum(1 for _ in itertools.islice(self._iter, start - self._read))
+        block = list(itertools.islice(self._iter, self._block_rows))
+        self._read += len(block)
+        if len(block) < self._block_rows:
+            self.epoch_rows = self._read
+        random.Random(f"{self._seed}:{self.key}:{epoch}:{index}").shuffle(block)
+        self._block, self._block_at = block, (epoch, index)
+
+    def close(self) -> None:
+        close = getattr(self._iter, "close", None)
+        if close is not None:
+            close()
+        self._iter = None
+
+
+class SourcePool:
+    """At most `max_open` OpenSources, least recently used evicted first; `opens` counts every open."""
+
+    def __init__(self, opener: Callable[[Any], Callable[[], Iterator[dict]]], seed: int, max_open: int = MAX_OPEN,
+                 block: int = BLOCK_ROWS):
+        if max_open < 1:
+            raise ValueError(f"max_open={max_open}: keep at least one source open")
+        self._opener, self._seed, self.max_open, self._block = opener, seed, max_open, block
+        self._open: OrderedDict[str, OpenSource] = OrderedDict()
+        self.opens = 0
+        self.most_open = 0  # the largest number open at once (the memory bound's witness)
+
+    def source(self, env: Any) -> OpenSource:
+        found = self._open.get(env.key)
+        if found is not None:
+            self._open.move_to_end(env.key)
+            return found
+        while len(self._open) >= self.max_open:
+            self._open.popitem(last=False)[1].close()
+        opened = OpenSource(env.key, self._opener(env), self._seed, self._block)
+        self._open[env.key] = opened
+        self.opens += 1
+        self.most_open = max(self.most_open, len(self._open))
+        return opened
+
+    def open_count(self) -> int:
+        return len(self._open)
+
+    def close(self) -> None:
+        for source in self._open.values():
+            source.close()
+        self._open.clear()
+
+
+_CACHE_DIR: tempfile.TemporaryDirectory | None = None
+
+
+def builder_rows(builder_cls: type, config: str, split: str, seed: int | None = None,
+                 size: int | None = None) -> Callable[[], Iterator[dict]]:
+    """A factory of fresh iterators over one split of a builder config, generated on the fly (nothing cached).
+
+    `seed` and `size` override the config's seed and the split's size (a datasets config override: another
+    config id, the same generator). The builder instance is made once; each call restarts its generator."""
+    global _CACHE_DIR
+    if _CACHE_DIR is None:  # datasets takes a cache folder even when nothing is built: one per process
+        _CACHE_DIR = tempfile.TemporaryDirectory(prefix="hubgym-mix-")
+    base = next(c for c in builder_cls.BUILDER_CONFIGS if c.name == config)
+    overrides: dict[str, Any] = {}
+    if seed is not None:
+        overrides["seed"] = seed
+    if size is not None:
+        overrides["sizes"] = {**getattr(base, "sizes", {}), split: size}
+    builder = builder_cls(config_name=config, cache_dir=_CACHE_DIR.name, dataset_name=builder_cls.ENV, **overrides)
+    generators = {g.name: g.gen_kwargs for g in builder._split_generators(None)}
+    if split not in generators:
+        raise EnvContractError(f"env {builder_cls.ENV!r} config {config!r} has no split {split!r}",
+                               Where(env=builder_cls.ENV, config=config, split=split),
+                               f"choose one of its splits: {', '.join(generators)}")
+    kwargs = generators[split]
+    return lambda: (row for _, row in builder._generate_examples(**kwargs))
+
+
+def hub_rows(ref: str, config: str | None, split: str, *, hub: str | None, trust: bool,
+             pin: str | None) -> tuple[Any, Callable[[], Iterator[dict]]]:
+    """(the loaded HubEnv, a factory of iterators over its split, streamed from the hub's Parquet files)."""
+    from hubgym.hub.load import load_env
+
+    loaded = load_env(ref, trust=trust, pin=pin, config=config, split=split, hub=hub, streaming=True)
+    return loaded, lambda: iter(loaded.tasks)
