@@ -31,7 +31,7 @@ import datasets
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import replace_dir
 from hubgym.scaffold import class_name, validate_env_name
-from hubgym.wrap_checks import check_source, dedup, golden_cases_from_data, limit_rows
+from hubgym.wrap_checks import check_source, dedup, golden_cases_from_data, limit_rows, local_files_hold_no_rows
 
 TEMPLATES = Path(__file__).parent / "templates" / "wrap"
 
@@ -188,6 +188,9 @@ def read_source(spec: WrapSpec) -> dict[str, datasets.Dataset]:
     try:
         loaded = datasets.load_dataset(spec.dataset, spec.config, revision=spec.revision, cache_dir=spec.cache_dir)
     except Exception as exc:  # datasets raises many kinds: FileNotFoundError, ArrowInvalid, DatasetNotFoundError...
+        if local_files_hold_no_rows(spec.dataset):  # datasets fails on empty files rather than giving 0 rows
+            raise EnvContractError(f"dataset {spec.dataset!r} is empty: its data files hold no rows",
+                                   spec.where(field="DATASET"), "wrap a dataset with rows") from None
         raise EnvContractError(f"cannot read dataset {spec.dataset!r}: {type(exc).__name__}: {exc}",
                                spec.where(field="DATASET"),
                                "give a folder of Parquet/JSON/CSV files or a Hub dataset id that datasets.load_dataset "

@@ -58,6 +58,27 @@ def dedup(rows: datasets.Dataset) -> tuple[datasets.Dataset, list[int]]:
     return (rows if len(kept) == len(rows) else rows.select(kept)), kept
 
 
+def local_files_hold_no_rows(dataset: str) -> bool:
+    """True when `dataset` is a folder whose data files all hold no rows (a CSV header alone, an empty JSON
+    Lines file, a Parquet file of 0 rows)."""
+    import pyarrow.parquet as pq
+
+    files = [p for p in Path(dataset).rglob("*") if p.suffix in (".parquet", ".csv", ".json", ".jsonl")]
+    if not Path(dataset).is_dir() or not files:
+        return False
+
+    def rows_in(path: Path) -> int:
+        if path.suffix == ".parquet":
+            return pq.read_metadata(path).num_rows
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip() not in ("", "[]")]
+        return len(lines) - (path.suffix == ".csv")  # a CSV's first line is its header
+
+    try:
+        return all(rows_in(path) <= 0 for path in files)
+    except Exception:  # an unreadable file: the caller's "cannot read" error says why
+        return False
+
+
 def columns_of(spec: "WrapSpec") -> list[str]:
     return [spec.prompt, *([spec.choices] if spec.choices else []), spec.answer]
 
@@ -195,6 +216,9 @@ def golden_cases_from_data(folder: Path, spec: "WrapSpec", source_rows: dict[str
     cases = [case("gold answer", first, f"<answer>{first['info']['answer']}</answer>", high)]
     cases += [case("gold answer, second row", tasks[1], f"<answer>{tasks[1]['info']['answer']}</answer>", high)
               ] * (len(tasks) > 1)
+    if "choices" in first["info"]:
+        chosen = first["info"]["choices"][LETTERS.index(first["info"]["answer"])]
+        cases.append(case("gold choice by its text", first, f"<answer>{chosen}</answer>", high))
     if wrong is not None:
         cases.append(case("wrong answer", first, f"<answer>{wrong}</answer>", low))
     cases.append(case("no answer tag", first, f"The answer is {first['info']['answer']}.", low))
