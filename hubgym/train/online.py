@@ -159,12 +159,12 @@ class OnlineProducer:
             return
         for stored, _ in self._manifests():
             if stored < step and stored not in self._filtered:
-                self.task_filter.update(self._stored_rows(stored))
-                self._filtered.add(stored)
+                self._updated_filter(stored, self._stored_rows(stored))
 
     def _updated_filter(self, step: int, rows: list[dict[str, Any]]) -> None:
         if self.task_filter is not None and step not in self._filtered:
-            self.task_filter.update(rows)
+            if rows:  # a step whose groups all failed to sample has nothing to learn from
+                self.task_filter.update(rows)
             self._filtered.add(step)
 
     def envs_offering_tools(self) -> list[Any]:
