@@ -10,6 +10,7 @@ import random
 import re
 from pathlib import Path
 
+import datasets
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -149,6 +150,7 @@ def test_cli_writes_pushes_and_merges_back_from_a_hub(tmp_path, hub_spec):
     manifest = json.loads((tmp_path / "s2" / "stats.json").read_text())
     assert manifest["runs"] == ["ra", "rb"] and manifest["tasks"] == 4 and manifest["schema_version"] == "1.0"
     assert pl.read_parquet(tmp_path / "s2" / "tasks.parquet").height == 4
+    assert datasets.load_dataset(str(tmp_path / "s2"), split="train").num_rows == 4  # the card's configs, no hubgym
 
 
 def test_a_band_from_a_hub_repo_and_a_run_folder(tmp_path, hub_spec):

@@ -44,11 +44,11 @@ def stats(sources: Annotated[Optional[list[str]], typer.Argument(
         if open_stats(source, hub) is not None:
             fail(f"{source} holds task stats, not rollouts; pass it with --merge {source}")
     thresholds = parse_thresholds(threshold)
-    with skipped_shards_noted():
+    with skipped_shards_noted(), views.rows_progress(console(stderr=True), "reading rollouts") as advance:
         result = load_stats(list(merge or []), hub=hub, stats_only=True) if merge else TaskStats()
         if sources:
             result = result.merge(TaskStats.from_rollouts(sources, hub=hub, thresholds=thresholds,
-                                                          skip_bad=skip_bad))
+                                                          skip_bad=skip_bad, progress=advance))
     if check:
         from hubgym.resolve import load_env_tasks
 

@@ -19,7 +19,7 @@ verifier through hubgym.resolve (stored data never chooses code) or given as `th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import polars as pl
 import pyarrow as pa
@@ -49,13 +49,17 @@ class TaskStats:
 
     @classmethod
     def from_rollouts(cls, sources: Any, *, hub: Any = None, thresholds: Mapping[str, float] | None = None,
-                      skip_bad: bool = False) -> "TaskStats":
+                      skip_bad: bool = False, progress: Callable[[int, int | None], None] | None = None) -> "TaskStats":
         """Statistics of stored rollouts: run folders, shard files or hub refs `org/name[@rev][:RUN]` (a list mixes
         them). Each shard is checked as `iter_batches` checks it; a row read twice (the same source given twice)
-        counts once."""
+        counts once. `progress(rows, None)` is called after each batch (a rich bar's `advance`)."""
         from hubgym.hub.rollouts import iter_batches
 
-        frames = [slim_rows(batch) for batch in iter_batches(sources, hub=hub, skip_bad=skip_bad)]
+        frames = []
+        for batch in iter_batches(sources, hub=hub, skip_bad=skip_bad):
+            frames.append(slim_rows(batch))
+            if progress is not None:
+                progress(batch.num_rows, None)
         rows = pl.concat(frames) if frames else slim_rows(None)
         return cls(parts_of_rows(rows, thresholds))
 
