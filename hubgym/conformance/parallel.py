@@ -103,6 +103,7 @@ def _check_in_child(name: str, configs: list[str] | None, max_rows: int, writer:
     """The worker: send each result as its check finishes, then _DONE."""
     from hubgym.views import failed  # a builder that cannot even be resolved is a "load" failure row, as serially
 
+    _thread_only_progress_lock()
     started = time.perf_counter()
     try:
         for result in iter_checks(name, configs=configs, max_rows=max_rows):
@@ -111,6 +112,16 @@ def _check_in_child(name: str, configs: list[str] | None, max_rows: int, writer:
         writer.send(failed(name, "load", exc, started))
     writer.send(_DONE)
     writer.close()
+
+
+def _thread_only_progress_lock() -> None:
+    """tqdm (datasets' progress bars) creates a multiprocessing lock on first use; a worker killed on timeout
+    would leak its semaphore, and Python warns about it at exit. One process per env needs no such lock."""
+    import threading
+
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
 
 
 def _receive(job: _Running, report: Callable[[CheckResult], None]) -> bool:
@@ -140,14 +151,19 @@ def _stop(job: _Running, report: Callable[[CheckResult], None], timed_out: float
     return [*job.results, row]
 
 
+def _env_of(job: _Running) -> str:
+    """The env's own name (ENV) once a check reported it; the name or path it was given before that."""
+    return job.results[-1].env if job.results else job.name
+
+
 def _timeout_row(job: _Running, timeout: float) -> CheckResult:
     last = job.results[-1].check if job.results else None
     error = EnvContractError(
         f"checking stopped after {timeout:g} s: the env's checks did not finish "
-        + (f"(the last to finish was {last}; the next one hung)" if last else "(no check finished)"), Where(env=job.name),
+        + (f"(the last to finish was {last}; the next one hung)" if last else "(no check finished)"), Where(env=_env_of(job)),
         "look for a loop that never ends in generate_tasks or the verifier's step (a game that never reaches done), "
         "or give slow envs more time with --timeout", check="timeout")
-    return CheckResult(job.name, "timeout", False, str(error), time.perf_counter() - job.started)
+    return CheckResult(_env_of(job), "timeout", False, str(error), time.perf_counter() - job.started)
 
 
 def _crash_row(job: _Running) -> CheckResult:
@@ -155,7 +171,7 @@ def _crash_row(job: _Running) -> CheckResult:
     how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
     error = EnvContractError(
         f"the process checking this env {how} before its checks finished"
-        + (f" (the last to finish was {job.results[-1].check})" if job.results else ""), Where(env=job.name),
+        + (f" (the last to finish was {job.results[-1].check})" if job.results else ""), Where(env=_env_of(job)),
         f"run `hubgym check {job.name}` alone to see the crash; a native crash (segfault) or os._exit in the "
         "builder, the verifier or a package it imports ends the process", check="crash")
-    return CheckResult(job.name, "crash", False, str(error), time.perf_counter() - job.started)
+    return CheckResult(_env_of(job), "crash", False, str(error), time.perf_counter() - job.started)
