@@ -149,6 +149,8 @@ def test_a_broken_family_is_one_row_and_nothing_else_notices(broken_family, fake
         registry.resolve_env("br_anything")
     result = hubgym("envs", "--source", "broken")
     assert result.exit_code == 0 and "broken: family hubgym_no_such_bridge:FAMILY failed to load" in result.output
+    checked = hubgym("check", "--source", "broken")  # a broken family cannot pass a check run silently
+    assert checked.exit_code == 1 and "FAIL broken / load" in checked.output and "1 of 1 checks failed" in checked.output
 
 
 def test_the_table_is_one_line_per_env_with_long_config_lists_counted(fake_family):

@@ -7,6 +7,7 @@ import pytest
 
 from hubgym.builders import build_tasks, resolve_env
 from hubgym.builders.arithmetic import Arithmetic
+from hubgym.builders import registry
 from hubgym.builders.registry import ENTRY_POINT_GROUP, env_names
 from hubgym.errors import EnvContractError, EnvNotFoundError
 
@@ -77,3 +78,19 @@ def test_duplicate_task_is_refused_with_location(tmp_path):
 def test_folder_without_builder_is_a_clear_error(tmp_path):
     with pytest.raises(EnvNotFoundError, match="no builder file at .*hubgym init NAME"):
         resolve_env(str(tmp_path))
+
+
+def test_unknown_name_lists_each_family_as_its_prefix(monkeypatch):
+    monkeypatch.setitem(registry.FAMILIES, "games", "hubgym_no_such_games_bridge:FAMILY")
+    monkeypatch.setitem(registry.FAMILY_PREFIXES, "games", "gm_")
+    with pytest.raises(EnvNotFoundError) as err:
+        resolve_env("nope")
+    assert ", reverse_text, " in str(err.value) and "gm_* (`hubgym envs --source games`)" in str(err.value)
+    assert str(err.value).endswith("Give a built-in or family env name, an installed 'hubgym.envs' entry point, "
+                                   "or a path to a folder with builder.py")
+
+
+def test_an_entry_point_beside_the_families_is_listed_after_them(tmp_path, monkeypatch):
+    test_env_from_entry_point(tmp_path, monkeypatch)
+    assert env_names()[-1] == "echo" and env_names("entry point") == ["echo"]
+    assert "echo" not in env_names("builtin")

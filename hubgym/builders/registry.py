@@ -184,7 +184,7 @@ def _by_name(name: str) -> type[TaskBuilder]:
     if family is not None:
         raise unknown_env(name, family, [entry.name for entry in family_entries(family)])
     raise EnvNotFoundError(f"no environment named {name!r}; known: {_known_summary()}. "
-                           f"Give a built-in name, an installed '{ENTRY_POINT_GROUP}' entry point, "
+                           f"Give a built-in or family env name, an installed '{ENTRY_POINT_GROUP}' entry point, "
                            f"or a path to a folder with builder.py")
 
 

@@ -136,28 +136,31 @@ def check(target: Annotated[Optional[str], typer.Argument(help="env name, path t
         fail("name what to check: an env, an env folder, or 'all' (or a slice of the catalog: --source / --tag)")
     if (source or tag) and target not in (None, "all"):
         fail(f"--source and --tag pick envs from the catalog; use them with 'all' or alone, not with {target!r}")
+    broken: list = []  # failure rows of envs and families in the slice that failed to load
     if target in (None, "all"):
         if config:
             fail("--config names one env's config; run `hubgym check ENV --config C`, or `hubgym check all` alone")
-        names = _catalog_slice(source, tag or [])
+        names, broken = _catalog_slice(source, tag or [])
     elif Path(target).is_dir() and not (Path(target) / "builder.py").is_file():  # a folder of env folders
         names = _env_folders(target, config)
     else:
         _validate_target(target, config)
-        results = _check_one(target, None if config in (None, "all") else [config], max_rows)
-        return report(results)
-    report(_check_in_parallel(names, max_rows, jobs, timeout))
+        return report(_check_one(target, None if config in (None, "all") else [config], max_rows))
+    report(broken + (_check_in_parallel(names, max_rows, jobs, timeout) if names else []))
 
 
-def _catalog_slice(source: str | None, tags: list[str]) -> list[str]:
-    """Names of the catalog's envs from `source` with every tag; a family that failed to load is one name, so
-    its failure is a row of the run too."""
+def _catalog_slice(source: str | None, tags: list[str]) -> tuple[list[str], list]:
+    """Names of the catalog's envs from `source` with every tag, and a failure row for each env or family in
+    that slice that failed to load (a broken family cannot be checked, and must not pass silently)."""
     from hubgym.catalog import catalog
+    from hubgym.conformance import CheckResult
 
-    names = [e.name for e in catalog(source=_known_source(source), tags=tags)]
-    if not names:
+    entries = catalog(source=_known_source(source), tags=tags)
+    if not entries:
         fail(f"no env matches --source {source} --tag {' --tag '.join(tags)}; list them with `hubgym envs`")
-    return names
+    broken = [CheckResult(e.name, "load", False, f"load: {e.error} [env={e.name!r}]. Fix: `hubgym envs --source "
+                          f"{e.source}` shows it; fix or install what the error names", 0.0) for e in entries if e.error]
+    return [e.name for e in entries if not e.error], broken
 
 
 def _check_one(target: str, configs: list[str] | None, max_rows: int) -> list:

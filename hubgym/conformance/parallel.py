@@ -60,19 +60,24 @@ def check_many(names: list[str], *, jobs: int | None = None, timeout: float = DE
     jobs = max(1, jobs or default_jobs())
     waiting, running, finished = list(reversed(names)), {}, {}  # reversed: pop() takes them in order
     report, done = on_result or (lambda result: None), on_done or (lambda name: None)
-    while waiting or running:
-        while waiting and len(running) < jobs:
-            name = waiting.pop()
-            running[name] = _start(context, name, configs, max_rows, timeout)
-        next_deadline = min(job.deadline for job in running.values())
-        for reader in wait([job.reader for job in running.values()], max(0.0, next_deadline - time.monotonic())):
-            job = next(job for job in running.values() if job.reader is reader)
-            if _receive(job, report):
-                finished[job.name] = _stop(running.pop(job.name), report)
+    try:
+        while waiting or running:
+            while waiting and len(running) < jobs:
+                name = waiting.pop()
+                running[name] = _start(context, name, configs, max_rows, timeout)
+            next_deadline = min(job.deadline for job in running.values())
+            for reader in wait([job.reader for job in running.values()], max(0.0, next_deadline - time.monotonic())):
+                job = next(job for job in running.values() if job.reader is reader)
+                if _receive(job, report):
+                    finished[job.name] = _stop(running.pop(job.name), report)
+                    done(job.name)
+            for job in [job for job in running.values() if time.monotonic() >= job.deadline]:
+                finished[job.name] = _stop(running.pop(job.name), report, timed_out=timeout)
                 done(job.name)
-        for job in [job for job in running.values() if time.monotonic() >= job.deadline]:
-            finished[job.name] = _stop(running.pop(job.name), report, timed_out=timeout)
-            done(job.name)
+    finally:  # Ctrl-C (or a bug here) must not leave checks running behind the prompt
+        for job in running.values():
+            job.process.kill()
+            job.process.join(timeout=10)
     return [result for name in names for result in finished[name]]
 
 
