@@ -18,6 +18,7 @@ and renamed into place, so a failure leaves nothing half-written.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -30,7 +31,7 @@ import datasets
 
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import replace_dir
-from hubgym.scaffold import class_name, validate_env_name
+from hubgym.scaffold import NAME_RULE, class_name, validate_env_name
 from hubgym.wrap_checks import check_source, dedup, golden_cases_from_data, limit_rows, local_files_hold_no_rows
 
 TEMPLATES = Path(__file__).parent / "templates" / "wrap"
@@ -97,7 +98,11 @@ class WrapSpec:
 
     def validate(self) -> None:
         """Refuse option combinations that cannot make an env, before the source is read."""
-        validate_env_name(self.env)
+        try:
+            validate_env_name(self.env)
+        except EnvContractError as exc:
+            raise EnvContractError(exc.what, self.where(field="--name"), f"pass --name with a free name of "
+                                   f"{NAME_RULE}, e.g. --name {env_name_for(self.env)}_wrapped") from None
         if self.reward not in REWARD_KINDS:
             raise EnvContractError(f"unknown reward {self.reward!r}", self.where(field="--reward"),
                                    f"use one of: {', '.join(REWARD_KINDS)}")
@@ -163,14 +168,16 @@ def check_out_folder(spec: WrapSpec) -> None:
 def wrap_dataset(spec: WrapSpec) -> Path:
     """Check the source, write the env folder beside `spec.out`, prove it builds and scores, rename it in."""
     spec.validate()
-    rows = {split: limit_rows(source, spec, split) for split, source in read_source(spec).items()}
+    splits, revision = read_source(spec)
+    rows = {split: limit_rows(source, spec, split) for split, source in splits.items()}
     check_source(rows, spec)
     kept = {split: dedup(source) for split, source in rows.items()}  # {split: (rows, their source indices)}
     spec.out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.out.name}-wrap-", dir=spec.out.parent))
     try:
         write_data({split: unique for split, (unique, _) in kept.items()}, staging / "data")
-        for file_name, text in render(spec, {split: len(unique) for split, (unique, _) in kept.items()}).items():
+        sizes = {split: len(unique) for split, (unique, _) in kept.items()}
+        for file_name, text in render(spec, sizes, revision).items():
             (staging / file_name).write_text(text)
         golden = golden_cases_from_data(staging, spec, {split: indices for split, (_, indices) in kept.items()})
         (staging / "golden.jsonl").write_text("".join(json.dumps(case) + "\n" for case in golden))
@@ -183,10 +190,18 @@ def wrap_dataset(spec: WrapSpec) -> Path:
     return spec.out
 
 
-def read_source(spec: WrapSpec) -> dict[str, datasets.Dataset]:
-    """The source's splits under the env's split names ({env split: rows})."""
+def read_source(spec: WrapSpec) -> tuple[dict[str, datasets.Dataset], str | None]:
+    """The source's splits under the env's split names ({env split: rows}), and the Hub commit they came from."""
+    path, revision = spec.dataset, spec.revision
+    if not Path(path).exists() and not is_repo_id(path):
+        raise EnvContractError(f"cannot read dataset {path!r}: there is no such folder or file",
+                               spec.where(field="DATASET"), "give the path of a folder of Parquet/JSON/CSV files, "
+                               "or a Hub dataset id such as openai/gsm8k")
+    if not Path(path).exists() and hub_offline():
+        path, revision = cached_hub_snapshot(spec)
     try:
-        loaded = datasets.load_dataset(spec.dataset, spec.config, revision=spec.revision, cache_dir=spec.cache_dir)
+        loaded = datasets.load_dataset(path, spec.config, revision=None if path != spec.dataset else revision,
+                                       cache_dir=spec.cache_dir)
     except Exception as exc:  # datasets raises many kinds: FileNotFoundError, ArrowInvalid, DatasetNotFoundError...
         if local_files_hold_no_rows(spec.dataset):  # datasets fails on empty files rather than giving 0 rows
             raise EnvContractError(f"dataset {spec.dataset!r} is empty: its data files hold no rows",
@@ -201,8 +216,46 @@ def read_source(spec: WrapSpec) -> dict[str, datasets.Dataset]:
     if missing:
         raise EnvContractError(f"the dataset has no split {missing[0]!r}; it has {sorted(loaded)}",
                                spec.where(split=missing[0], field="--split-map"),
-                               "map env splits to existing ones, e.g. --split-map train=train,test=" + sorted(loaded)[0])
-    return {env_split: loaded[source] for env_split, source in mapping.items()}
+                               f"map env splits to existing ones, e.g. --split-map train={sorted(loaded)[0]}")
+    return {env_split: loaded[source] for env_split, source in mapping.items()}, revision
+
+
+def is_repo_id(text: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE, read now (huggingface_hub and datasets read it once, at import)."""
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    return flag in {"1", "ON", "YES", "TRUE"} or bool(constants.HF_HUB_OFFLINE)
+
+
+def cached_hub_snapshot(spec: WrapSpec) -> tuple[str, str]:
+    """A Hub dataset's files as the Hugging Face cache holds them (offline), and their commit.
+
+    datasets' own offline mode only finds datasets it has prepared before; the Hub cache also holds
+    datasets fetched by huggingface_hub (`hf download --repo-type dataset ...`).
+    """
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = Path(snapshot_download(spec.dataset, repo_type="dataset", revision=spec.revision,
+                                        local_files_only=True))
+    except Exception as exc:  # not a repo id, or not cached
+        raise EnvContractError(f"cannot read dataset {spec.dataset!r}: it is not a folder, and HF_HUB_OFFLINE is set "
+                               f"but the Hugging Face cache does not hold it ({type(exc).__name__})",
+                               spec.where(field="DATASET"),
+                               f"download it once (hf download {spec.dataset} --repo-type dataset), or unset "
+                               f"HF_HUB_OFFLINE") from None
+    return str(folder), folder.name
 
 
 def parse_split_map(text: str | None) -> dict[str, str]:
@@ -224,7 +277,7 @@ def write_data(splits: dict[str, datasets.Dataset], folder: Path) -> None:
         rows.to_parquet(str(folder / f"{split}.parquet"))
 
 
-def render(spec: WrapSpec, sizes: dict[str, int]) -> dict[str, str]:
+def render(spec: WrapSpec, sizes: dict[str, int], revision: str | None = None) -> dict[str, str]:
     """builder.py, verifier.py and README.md of the env (golden.jsonl is made from them afterwards)."""
     kind = REWARD_KINDS[spec.reward]
     columns = [spec.prompt, *([spec.choices] if spec.choices else []), spec.answer]
@@ -237,7 +290,8 @@ def render(spec: WrapSpec, sizes: dict[str, int]) -> dict[str, str]:
         "answer_what": kind.answer_what, "answer_doc": doc_text(answer_doc(spec)),
         "reward_doc": doc_text(kind.doc.format(tolerance=spec.tolerance)), "reward_short": kind.short,
         "split_doc": ", ".join(f"{split} {n}" for split, n in sizes.items()),
-        "source_doc": doc_text(source_doc(spec)), "command": spec.command(), "tolerance": repr(spec.tolerance),
+        "source_doc": doc_text(source_doc(spec, revision)), "command": spec.command(),
+        "tolerance": repr(spec.tolerance),
         "columns": ", ".join(f"`{c}`" for c in columns),
     }
     builder = "builder_choice" if spec.reward == "choice" else "builder_pattern" if spec.answer_regex else "builder"
@@ -259,9 +313,9 @@ def answer_doc(spec: WrapSpec) -> str:
     return f"column `{spec.answer}`"
 
 
-def source_doc(spec: WrapSpec) -> str:
+def source_doc(spec: WrapSpec, revision: str | None) -> str:
     parts = [f"{spec.dataset!r}"] + [f"config {spec.config!r}"] * bool(spec.config) + \
-        [f"revision {spec.revision!r}"] * bool(spec.revision)
+        [f"revision {revision!r}"] * bool(revision)
     splits = ", ".join(f"{env}={source}" for env, source in spec.split_map.items())
     return (", ".join(parts) + ", read with datasets.load_dataset" + (f"; splits {splits}" if splits else "")
             + (f"; at most the first {spec.limit} rows per split" if spec.limit else "")

@@ -214,8 +214,8 @@ def golden_cases_from_data(folder: Path, spec: "WrapSpec", source_rows: dict[str
     wrong = next((c for c in wrong_candidates(first, tasks) if verifier.score(
         first, [assistant(f"<answer>{c}</answer>")]).reward == low), None)
     cases = [case("gold answer", first, f"<answer>{first['info']['answer']}</answer>", high)]
-    cases += [case("gold answer, second row", tasks[1], f"<answer>{tasks[1]['info']['answer']}</answer>", high)
-              ] * (len(tasks) > 1)
+    if len(tasks) > 1:
+        cases.append(case("gold answer, second row", tasks[1], f"<answer>{tasks[1]['info']['answer']}</answer>", high))
     if "choices" in first["info"]:
         chosen = first["info"]["choices"][LETTERS.index(first["info"]["answer"])]
         cases.append(case("gold choice by its text", first, f"<answer>{chosen}</answer>", high))

@@ -5,7 +5,10 @@ left half-written."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import datasets
@@ -57,7 +60,8 @@ def test_gsm8k_fixture_wraps_into_an_env_that_passes_check(tmp_path, kind):
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "builder.py", "data", "golden.jsonl", "verifier.py"]
     assert failed_checks(out) == []
     builder = (out / "builder.py").read_text()
-    assert all(section in builder for section in DOC_SECTIONS) and 'ANSWER_PATTERN = re.compile(r"####\\s*(.+)$")' in builder
+    assert all(section in builder for section in DOC_SECTIONS)
+    assert 'ANSWER_PATTERN = re.compile(r"####\\s*(.+)$")' in builder
     assert pq.read_table(out / "data" / "train.parquet").column_names == ["question", "answer"]
     tasks = build_tasks(str(out))
     assert {split: len(rows) for split, rows in tasks.items()} == {"train": 12, "test": 8}
@@ -76,7 +80,7 @@ def test_numeric_and_math_verify_rewards_compare_numbers_not_text(tmp_path):
     math = wrap_dataset(WrapSpec(str(GSM8K), "question", "answer", "math_verify", tmp_path / "m",
                                  answer_regex=GSM8K_REGEX, name="gsm_m"))
     task = {"info": {"answer": "1200"}}
-    assert reward(numeric, task, "<answer>$1,200</answer>") == 1.0 and reward(numeric, task, "<answer>1200.0</answer>") == 1.0
+    assert reward(numeric, task, "<answer>$1,200</answer>") == reward(numeric, task, "<answer>1200.0</answer>") == 1.0
     assert reward(numeric, task, "<answer>1200 or 1201</answer>") == 0.0  # hedging earns nothing
     assert reward(math, {"info": {"answer": "0.5"}}, "<answer>\\frac{1}{2}</answer>") == 1.0
 
@@ -90,10 +94,11 @@ def test_multiple_choice_fixture_wraps_by_letter_or_by_index(tmp_path):
         assert failed_checks(out) == []
         first = build_tasks(str(out))["train"][0]
         assert first["info"] == {"answer": "B", "choices": ["Berlin", "Paris", "Madrid", "Rome"]}
-        assert first["prompt"][1]["content"] == "What is the capital of France?\n\nA. Berlin\nB. Paris\nC. Madrid\nD. Rome"
-        for reply, earned in (("<answer>B</answer>", 1.0), ("<answer>(b)</answer>", 1.0), ("<answer>paris</answer>", 1.0),
-                              ("<answer>B. Paris</answer>", 1.0), ("<answer>A</answer>", 0.0), ("<answer>E</answer>", 0.0),
-                              ("B", 0.0)):
+        options = "A. Berlin\nB. Paris\nC. Madrid\nD. Rome"
+        assert first["prompt"][1]["content"] == f"What is the capital of France?\n\n{options}"
+        for reply, earned in (("<answer>B</answer>", 1.0), ("<answer>(b)</answer>", 1.0),
+                              ("<answer>paris</answer>", 1.0), ("<answer>B. Paris</answer>", 1.0),
+                              ("<answer>A</answer>", 0.0), ("<answer>E</answer>", 0.0), ("B", 0.0)):
             assert reward(out, first, reply) == earned, reply
 
 
@@ -125,6 +130,40 @@ def test_split_map_limit_system_and_repeated_rows(tmp_path):
     assert reward(out, test[0], "<answer> rome. </answer>") == 1.0
 
 
+def test_a_hub_dataset_is_read_from_the_hugging_face_cache_offline(tmp_path):
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hf" / "datasets--demo--quiz" / "snapshots" / commit / "data"
+    snapshot.mkdir(parents=True)
+    (snapshot / "train.jsonl").write_text('{"q": "Capital of Italy?", "a": "Rome"}\n{"q": "Capital of Peru?", "a": "Lima"}\n')
+    (tmp_path / "hf" / "datasets--demo--quiz" / "refs").mkdir()
+    (tmp_path / "hf" / "datasets--demo--quiz" / "refs" / "main").write_text(commit)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf"),
+           "HF_DATASETS_CACHE": str(tmp_path / "datasets")}  # read at import: a fresh process
+    command = ["import sys, hubgym.cli.wrap; from hubgym.cli import main; sys.argv[0] = 'hubgym'; main()", "wrap",
+               "demo/quiz", "--prompt", "q", "--answer", "a", "--reward", "exact", "--out", str(tmp_path / "quiz")]
+    made = subprocess.run([sys.executable, "-c", *command], env=env, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    assert f"'demo/quiz', revision '{commit}'" in (tmp_path / "quiz" / "builder.py").read_text()
+    assert build_tasks(str(tmp_path / "quiz"))["train"][0]["info"] == {"answer": "Rome"}
+    command[command.index("demo/quiz")] = "demo/absent"
+    command[-1] = str(tmp_path / "absent")
+    absent = subprocess.run([sys.executable, "-c", *command], env=env, capture_output=True, text=True, timeout=120)
+    assert absent.returncode == 1 and "the Hugging Face cache does not hold it" in absent.stderr
+
+
+def test_a_config_of_a_dataset_laid_out_like_a_hub_repo(tmp_path):
+    source = tmp_path / "levels"
+    for level, answer in (("easy", "2"), ("hard", "144")):
+        (source / level).mkdir(parents=True)
+        (source / level / "train.jsonl").write_text(json.dumps({"q": f"a {level} one", "a": answer}) + "\n")
+    (source / "README.md").write_text("---\nconfigs:\n" + "".join(
+        f"- config_name: {level}\n  data_files:\n  - split: train\n    path: {level}/train.jsonl\n"
+        for level in ("easy", "hard")) + "---\n")
+    out = wrap_dataset(WrapSpec(str(source), "q", "a", "numeric", tmp_path / "hard", config="hard"))
+    assert build_tasks(str(out))["train"]["info"] == [{"answer": "144"}]
+    assert "--config hard" in (out / "README.md").read_text()
+
+
 # -- bad input: one clear error each, nothing written ---------------------------------------------------------------
 
 def refused(tmp_path, spec: WrapSpec) -> EnvContractError:
@@ -144,8 +183,10 @@ def folder_of(tmp_path: Path, name: str, rows: list[dict]) -> Path:
 
 def test_a_dataset_that_cannot_be_read(tmp_path):
     missing = refused(tmp_path, WrapSpec(str(tmp_path / "nowhere"), "q", "a", "exact", tmp_path / "out"))
-    assert missing.what.startswith(f"cannot read dataset {str(tmp_path / 'nowhere')!r}: FileNotFoundError")
+    assert missing.what == f"cannot read dataset {str(tmp_path / 'nowhere')!r}: there is no such folder or file"
     assert missing.where == Where("nowhere", field="DATASET") and "Parquet/JSON/CSV" in missing.fix
+    absent = refused(tmp_path, WrapSpec("demo/absent", "q", "a", "exact", tmp_path / "out"))  # tests run offline
+    assert "HF_HUB_OFFLINE is set but the Hugging Face cache does not hold it" in absent.what
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "train.parquet").write_bytes(b"not parquet")
@@ -166,7 +207,8 @@ def test_a_column_of_the_wrong_type_names_the_row_and_field(tmp_path):
     assert error.what.startswith("column 'choices' holds List(Value('string')), not text (a string) (row 0 is "
                                  "['Berlin', 'Paris', 'Madrid', 'Rome'])")
     assert error.where == Where("capitals", None, "train", "row 0", "choices")
-    error = refused(tmp_path, WrapSpec(str(CAPITALS), "question", "choices", "choice", tmp_path / "out", choices="answer"))
+    spec = WrapSpec(str(CAPITALS), "question", "choices", "choice", tmp_path / "out", choices="answer")
+    error = refused(tmp_path, spec)
     assert error.what.startswith("column 'choices' holds List(Value('string')), not a 0-based index (an integer) or a "
                                  "letter")
     source = folder_of(tmp_path, "gaps", [{"q": "a?", "a": "1"}, {"q": None, "a": "2"}])
@@ -178,7 +220,8 @@ def test_answers_the_reward_cannot_read(tmp_path):
     error = refused(tmp_path, WrapSpec(str(GSM8K), "question", "answer", "numeric", tmp_path / "out"))
     assert "does not hold exactly one number" in error.what and error.where.row == "row 0"
     assert error.fix == "take the number after '####' with --answer-regex '####\\s*(.+)$'"
-    error = refused(tmp_path, WrapSpec(str(GSM8K), "question", "answer", "exact", tmp_path / "out", answer_regex="@@(.+)"))
+    spec = WrapSpec(str(GSM8K), "question", "answer", "exact", tmp_path / "out", answer_regex="@@(.+)")
+    error = refused(tmp_path, spec)
     assert error.what.startswith("--answer-regex '@@(.+)' does not match the answer") and error.where.field == "answer"
     source = folder_of(tmp_path, "mcq", [{"q": "Pick", "c": ["x", "y"], "a": 2}])
     error = refused(tmp_path, WrapSpec(str(source), "q", "a", "choice", tmp_path / "out", choices="c"))
@@ -212,3 +255,17 @@ def test_an_out_folder_that_is_not_empty_is_refused_unless_forced(tmp_path):
     assert forced.exit_code == 0, forced.output
     assert not (out / "notes.txt").exists() and (out / "builder.py").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["capitals"]  # no staging or set-aside folder left
+
+
+def test_bad_options_are_refused_before_the_source_is_read(tmp_path):
+    taken = refused(tmp_path, WrapSpec("openai/gsm8k", "question", "answer", "exact", tmp_path / "out"))
+    assert taken.what == "env name 'gsm8k' is taken by a built-in environment" and taken.where.field == "--name"
+    assert taken.fix.endswith("e.g. --name gsm8k_wrapped")
+    no_choices = refused(tmp_path, WrapSpec(str(CAPITALS), "question", "answer", "choice", tmp_path / "out"))
+    assert no_choices.what == "--reward choice needs the column of choices"
+    unknown_split = refused(tmp_path, WrapSpec(str(CAPITALS), "question", "answer", "choice", tmp_path / "out",
+                                               choices="choices", split_map={"test": "validation"}))
+    assert unknown_split.what == "the dataset has no split 'validation'; it has ['test', 'train']"
+    result = hubgym("wrap", CAPITALS, "--prompt", "question", "--answer", "answer", "--reward", "exact",
+                    "--split-map", "test", "--out", tmp_path / "out")
+    assert result.exit_code == 1 and "--split-map entry 'test' is not ENV_SPLIT=SOURCE_SPLIT" in result.output
