@@ -32,7 +32,8 @@ import datasets
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import replace_dir
 from hubgym.scaffold import NAME_RULE, class_name, validate_env_name
-from hubgym.wrap_checks import check_source, dedup, golden_cases_from_data, limit_rows, local_files_hold_no_rows
+from hubgym.wrap_checks import (check_source, columns_of, dedup, golden_cases_from_data, limit_rows,
+                                local_files_hold_no_rows)
 
 TEMPLATES = Path(__file__).parent / "templates" / "wrap"
 
@@ -197,7 +198,8 @@ def read_source(spec: WrapSpec) -> tuple[dict[str, datasets.Dataset], str | None
         raise EnvContractError(f"cannot read dataset {path!r}: there is no such folder or file",
                                spec.where(field="DATASET"), "give the path of a folder of Parquet/JSON/CSV files, "
                                "or a Hub dataset id such as openai/gsm8k")
-    if not Path(path).exists() and hub_offline():
+    from_hub = not Path(path).exists()
+    if from_hub and hub_offline():
         path, revision = cached_hub_snapshot(spec)
     try:
         loaded = datasets.load_dataset(path, spec.config, revision=None if path != spec.dataset else revision,
@@ -211,6 +213,8 @@ def read_source(spec: WrapSpec) -> tuple[dict[str, datasets.Dataset], str | None
                                "give a folder of Parquet/JSON/CSV files or a Hub dataset id that datasets.load_dataset "
                                "reads (with --config for a dataset with several configs; a Hub dataset must be in "
                                "the Hugging Face cache to work offline)") from None
+    if from_hub and path == spec.dataset:  # read online: the commit it read is now in the Hub cache
+        revision = cached_commit(spec) or revision
     mapping = spec.split_map or {split: split for split in loaded}
     missing = [source for source in mapping.values() if source not in loaded]
     if missing:
@@ -228,6 +232,17 @@ def is_repo_id(text: str) -> bool:
     except HFValidationError:
         return False
     return True
+
+
+def cached_commit(spec: WrapSpec) -> str | None:
+    """The commit of the Hub dataset's cached snapshot (what `load_dataset` just fetched); None when unknown."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(spec.dataset, repo_type="dataset", revision=spec.revision,
+                                      local_files_only=True)).name
+    except Exception:  # not in the Hub cache (datasets keeps some sources elsewhere): the docs name no commit
+        return None
 
 
 def hub_offline() -> bool:
@@ -280,24 +295,27 @@ def write_data(splits: dict[str, datasets.Dataset], folder: Path) -> None:
 def render(spec: WrapSpec, sizes: dict[str, int], revision: str | None = None) -> dict[str, str]:
     """builder.py, verifier.py and README.md of the env (golden.jsonl is made from them afterwards)."""
     kind = REWARD_KINDS[spec.reward]
-    columns = [spec.prompt, *([spec.choices] if spec.choices else []), spec.answer]
-    values = {
-        "name": spec.env, "cls": class_name(spec.env), "reward": spec.reward, "summary": summary(spec),
-        "prompt_column": spec.prompt, "answer_column": spec.answer, "choices_column": spec.choices or "",
+    text = {  # prose: escaped where it lands in a Python docstring
+        "summary": summary(spec), "prompt_column": spec.prompt, "answer_column": spec.answer,
+        "choices_column": spec.choices or "", "answer_doc": answer_doc(spec),
+        "reward_doc": kind.doc.format(tolerance=spec.tolerance), "source_doc": source_doc(spec, revision),
+    }
+    code = {
+        "name": spec.env, "cls": class_name(spec.env), "reward": spec.reward, "folder": spec.out.name,
         "prompt_literal": literal(spec.prompt), "answer_literal": literal(spec.answer),
         "choices_literal": literal(spec.choices), "system_literal": literal(spec.system_prompt()),
         "pattern_literal": regex_literal(spec.answer_regex or ""), "sizes": literal(sizes),
-        "answer_what": kind.answer_what, "answer_doc": doc_text(answer_doc(spec)),
-        "reward_doc": doc_text(kind.doc.format(tolerance=spec.tolerance)), "reward_short": kind.short,
-        "split_doc": ", ".join(f"{split} {n}" for split, n in sizes.items()),
-        "source_doc": doc_text(source_doc(spec, revision)), "command": spec.command(),
-        "tolerance": repr(spec.tolerance),
-        "columns": ", ".join(f"`{c}`" for c in columns),
+        "tolerance": repr(spec.tolerance), "answer_what": kind.answer_what, "reward_short": kind.short,
+        "split_doc": ", ".join(f"{split} {n}" for split, n in sizes.items()), "command": spec.command(),
+        "columns": ", ".join(f"`{c}`" for c in columns_of(spec)),
     }
+    in_python = {**code, **{key: doc_text(value) for key, value in text.items()}}
     builder = "builder_choice" if spec.reward == "choice" else "builder_pattern" if spec.answer_regex else "builder"
-    files = {"builder.py": f"{builder}.py.tmpl", "verifier.py": f"verifier_{spec.reward}.py.tmpl",
-             "README.md": "README.md.tmpl"}
-    return {name: Template((TEMPLATES / template).read_text()).substitute(values) for name, template in files.items()}
+    return {
+        "builder.py": Template((TEMPLATES / f"{builder}.py.tmpl").read_text()).substitute(in_python),
+        "verifier.py": Template((TEMPLATES / f"verifier_{spec.reward}.py.tmpl").read_text()).substitute(in_python),
+        "README.md": Template((TEMPLATES / "README.md.tmpl").read_text()).substitute({**code, **text}),
+    }
 
 
 def summary(spec: WrapSpec) -> str:
