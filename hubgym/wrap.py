@@ -172,7 +172,7 @@ def wrap_dataset(spec: WrapSpec) -> Path:
     splits, revision = read_source(spec)
     rows = {split: limit_rows(source, spec, split) for split, source in splits.items()}
     check_source(rows, spec)
-    kept = {split: dedup(source) for split, source in rows.items()}  # {split: (rows, their source indices)}
+    kept = {split: dedup(source, spec) for split, source in rows.items()}  # {split: (rows, their source indices)}
     spec.out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{spec.out.name}-wrap-", dir=spec.out.parent))
     try:

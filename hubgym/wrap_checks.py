@@ -46,16 +46,28 @@ def limit_rows(rows: datasets.Dataset, spec: "WrapSpec", split: str) -> datasets
     return rows.select_columns(columns_of(spec))
 
 
-def dedup(rows: datasets.Dataset) -> tuple[datasets.Dataset, list[int]]:
-    """The rows without exact repeats (a repeat would be the same task twice), and each kept row's source index."""
+def dedup(rows: datasets.Dataset, spec: "WrapSpec") -> tuple[datasets.Dataset, list[int]]:
+    """The rows without repeats, and each kept row's source index. A repeat is a row with the same prompt, choices
+    and gold answer (as the builder reads it) as an earlier one: it would be the same task, with the same id."""
+    pattern = re.compile(spec.answer_regex) if spec.answer_regex else None
     seen: set[str] = set()
     kept = []
-    for index, row in enumerate(rows):
-        key = json.dumps(row, sort_keys=True, default=str)
+    for index, values in enumerate(zip(*(rows[c] for c in columns_of(spec)))):
+        key = json.dumps([*values[:-1], gold_of(values[-1], spec, pattern)], default=str)
         if key not in seen:
             seen.add(key)
             kept.append(index)
     return (rows if len(kept) == len(rows) else rows.select(kept)), kept
+
+
+def gold_of(answer: Any, spec: "WrapSpec", pattern: re.Pattern | None) -> str | None:
+    """The gold answer as the generated builder reads it from the answer column; None when the pattern misses."""
+    if spec.reward == "choice":
+        return LETTERS[answer] if isinstance(answer, int) else str(answer).strip().upper()
+    if pattern is None:
+        return str(answer).strip()
+    match = pattern.search(str(answer))
+    return None if match is None else (match.group(1) if pattern.groups else match.group(0)).strip()
 
 
 def local_files_hold_no_rows(dataset: str) -> bool:
@@ -140,14 +152,11 @@ def check_values(rows: datasets.Dataset, spec: "WrapSpec", split: str) -> None:
         if spec.reward == "choice":
             _check_choice(values[1], answer, where, spec)
             continue
-        gold = str(answer)
-        if pattern is not None:
-            match = pattern.search(gold)
-            if match is None:
-                raise EnvContractError(f"--answer-regex {spec.answer_regex!r} does not match the answer "
-                                       f"{_short(gold)}", where(spec.answer),
-                                       "give a regex that matches every row's answer column")
-            gold = match.group(1) if pattern.groups else match.group(0)
+        gold = gold_of(answer, spec, pattern)
+        if gold is None:
+            raise EnvContractError(f"--answer-regex {spec.answer_regex!r} does not match the answer "
+                                   f"{_short(answer)}", where(spec.answer),
+                                   "give a regex that matches every row's answer column")
         if spec.reward == "numeric" and len(_NUMBER.findall(gold)) != 1:
             raise EnvContractError(f"the gold answer {_short(gold)} does not hold exactly one number",
                                    where(spec.answer), numeric_fix(gold))

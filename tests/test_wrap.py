@@ -134,7 +134,8 @@ def test_a_hub_dataset_is_read_from_the_hugging_face_cache_offline(tmp_path):
     commit = "0123456789abcdef0123456789abcdef01234567"
     snapshot = tmp_path / "hf" / "datasets--demo--quiz" / "snapshots" / commit / "data"
     snapshot.mkdir(parents=True)
-    (snapshot / "train.jsonl").write_text('{"q": "Capital of Italy?", "a": "Rome"}\n{"q": "Capital of Peru?", "a": "Lima"}\n')
+    rows = [{"q": "Capital of Italy?", "a": "Rome"}, {"q": "Capital of Peru?", "a": "Lima"}]
+    (snapshot / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (tmp_path / "hf" / "datasets--demo--quiz" / "refs").mkdir()
     (tmp_path / "hf" / "datasets--demo--quiz" / "refs" / "main").write_text(commit)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf"),
@@ -269,3 +270,20 @@ def test_bad_options_are_refused_before_the_source_is_read(tmp_path):
     result = hubgym("wrap", CAPITALS, "--prompt", "question", "--answer", "answer", "--reward", "exact",
                     "--split-map", "test", "--out", tmp_path / "out")
     assert result.exit_code == 1 and "--split-map entry 'test' is not ENV_SPLIT=SOURCE_SPLIT" in result.output
+
+
+def test_a_gold_answer_its_verifier_cannot_read_leaves_nothing_behind(tmp_path):
+    rows = [{"q": "Half of one?", "a": "\\frac{1}{2}"}, {"q": "Broken", "a": "\\frac{"}]
+    source = folder_of(tmp_path, "halves", rows)
+    error = refused(tmp_path, WrapSpec(str(source), "q", "a", "math_verify", tmp_path / "out"))
+    assert error.what.startswith("the gold answer '\\\\frac{' scores 0.0") and error.where == Where(
+        "halves", None, "train", "row 1", "a")
+    assert error.fix == "fix the row, or use --reward exact when the answers are text rather than math"
+
+
+def test_rows_with_the_same_question_and_gold_answer_are_one_task(tmp_path):
+    rows = [{"q": "How many?", "a": "Two and two.\n#### 4"}, {"q": "How many?", "a": "Four.\n#### 4"},
+            {"q": "How many?", "a": "#### 5"}]
+    source = folder_of(tmp_path, "counts", rows)
+    out = wrap_dataset(WrapSpec(str(source), "q", "a", "numeric", tmp_path / "out", answer_regex=GSM8K_REGEX))
+    assert build_tasks(str(out))["train"]["info"] == [{"answer": "4"}, {"answer": "5"}]
