@@ -5,10 +5,7 @@ left half-written."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import datasets
@@ -130,26 +127,26 @@ def test_split_map_limit_system_and_repeated_rows(tmp_path):
     assert reward(out, test[0], "<answer> rome. </answer>") == 1.0
 
 
-def test_a_hub_dataset_is_read_from_the_hugging_face_cache_offline(tmp_path):
+def test_a_hub_dataset_is_read_from_the_hugging_face_cache_offline(tmp_path, monkeypatch):
+    """The tests run with HF_HUB_OFFLINE=1 (conftest); the Hub cache holds demo/quiz as `hf download` leaves it."""
+    import huggingface_hub
+
     commit = "0123456789abcdef0123456789abcdef01234567"
-    snapshot = tmp_path / "hf" / "datasets--demo--quiz" / "snapshots" / commit / "data"
-    snapshot.mkdir(parents=True)
+    repo = tmp_path / "hf" / "datasets--demo--quiz"
+    (repo / "snapshots" / commit / "data").mkdir(parents=True)
     rows = [{"q": "Capital of Italy?", "a": "Rome"}, {"q": "Capital of Peru?", "a": "Lima"}]
-    (snapshot / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (tmp_path / "hf" / "datasets--demo--quiz" / "refs").mkdir()
-    (tmp_path / "hf" / "datasets--demo--quiz" / "refs" / "main").write_text(commit)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tmp_path / "hf"),
-           "HF_DATASETS_CACHE": str(tmp_path / "datasets")}  # read at import: a fresh process
-    command = ["import sys, hubgym.cli.wrap; from hubgym.cli import main; sys.argv[0] = 'hubgym'; main()", "wrap",
-               "demo/quiz", "--prompt", "q", "--answer", "a", "--reward", "exact", "--out", str(tmp_path / "quiz")]
-    made = subprocess.run([sys.executable, "-c", *command], env=env, capture_output=True, text=True, timeout=120)
-    assert made.returncode == 0, made.stderr
+    (repo / "snapshots" / commit / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    made = hubgym("wrap", "demo/quiz", "--prompt", "q", "--answer", "a", "--reward", "exact", "--out", tmp_path / "quiz")
+    assert made.exit_code == 0, made.output
     assert f"'demo/quiz', revision '{commit}'" in (tmp_path / "quiz" / "builder.py").read_text()
     assert build_tasks(str(tmp_path / "quiz"))["train"][0]["info"] == {"answer": "Rome"}
-    command[command.index("demo/quiz")] = "demo/absent"
-    command[-1] = str(tmp_path / "absent")
-    absent = subprocess.run([sys.executable, "-c", *command], env=env, capture_output=True, text=True, timeout=120)
-    assert absent.returncode == 1 and "the Hugging Face cache does not hold it" in absent.stderr
+    absent = refused(tmp_path, WrapSpec("demo/absent", "q", "a", "exact", tmp_path / "absent"))
+    assert absent.what == ("cannot read dataset 'demo/absent': it is not a folder, and HF_HUB_OFFLINE is set but the "
+                           "Hugging Face cache does not hold it (LocalEntryNotFoundError)")
+    assert absent.fix == "download it once (hf download demo/absent --repo-type dataset), or unset HF_HUB_OFFLINE"
 
 
 def test_a_config_of_a_dataset_laid_out_like_a_hub_repo(tmp_path):
@@ -186,8 +183,6 @@ def test_a_dataset_that_cannot_be_read(tmp_path):
     missing = refused(tmp_path, WrapSpec(str(tmp_path / "nowhere"), "q", "a", "exact", tmp_path / "out"))
     assert missing.what == f"cannot read dataset {str(tmp_path / 'nowhere')!r}: there is no such folder or file"
     assert missing.where == Where("nowhere", field="DATASET") and "Parquet/JSON/CSV" in missing.fix
-    absent = refused(tmp_path, WrapSpec("demo/absent", "q", "a", "exact", tmp_path / "out"))  # tests run offline
-    assert "HF_HUB_OFFLINE is set but the Hugging Face cache does not hold it" in absent.what
     corrupt = tmp_path / "corrupt"
     corrupt.mkdir()
     (corrupt / "train.parquet").write_bytes(b"not parquet")
