@@ -4,29 +4,38 @@
         print(entry.name, entry.kind, entry.source, entry.configs)
     catalog(source="reasoning_gym", tags=["math"], pattern="rg_*count*")   # a slice: filters combine
 
-Built-ins and entry points are read from their builder classes (importing a builder module is cheap; no
-row is generated). Family envs are read from the family's shipped index, so the bridged packages are not
-imported at all. A builder or family that fails to load is one row holding the error, never the end of
-the listing.
+No row is generated and no bridged package imported. Family envs are read from each family's shipped index.
+Built-ins are read from `builtin_catalog.json` beside this module while the sha256 of their builder module
+still matches (else from the class: a stale index costs speed, never truth), so listing them does not import
+datasets; `python -m hubgym.catalog` regenerates it. Entry points are read from their builder classes. A
+builder or family that fails to load is one row holding the error, never the end of the listing.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
+import importlib.util
 import inspect
+import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hubgym.builders import registry
 from hubgym.builders.families import FamilyEnv
+from hubgym.fileio import atomic_write_bytes
 
 if TYPE_CHECKING:
     from hubgym.builders.base import TaskBuilder
 
 FROM_DATA = "from data"
 """Split sizes of a builder that overrides `_split_generators`: they depend on its source data."""
+
+BUILTIN_INDEX = Path(__file__).with_name("builtin_catalog.json")
+"""{env: {"sha256": of its builder module's source, "entry": its EnvEntry}}, written by write_builtin_index."""
 
 _SHARD_SUFFIX = re.compile(r"-\d{5}-of-\d{5}$")  # datasets names shards `<name>-<split>-00000-of-00004.<fmt>`
 _GLOB = re.compile(r"[*?\[]")
@@ -101,7 +110,7 @@ def catalog(names: list[str] | None = None, *, source: str | None = None, kind: 
     wanted = CatalogFilter(source, kind, tuple(tags), pattern)
     if names is not None:
         return [e for e in map(_entry_for_name, names) if wanted.keeps(e)]
-    entries = [_builder_entry(name, registry.BUILTIN) for name in registry.BUILTIN_ENVS
+    entries = [builtin_entry(name) for name in registry.BUILTIN_ENVS
                if source in (None, registry.BUILTIN) and wanted.name_matches(name)]
     for family in registry.FAMILIES:
         if source in (None, family):
@@ -115,10 +124,41 @@ def catalog(names: list[str] | None = None, *, source: str | None = None, kind: 
 def _entry_for_name(name: str) -> EnvEntry:
     """One named env's row, from wherever the registry finds it (a family's from its index)."""
     if name in registry.BUILTIN_ENVS:
-        return _builder_entry(name, registry.BUILTIN)
+        return builtin_entry(name)
     family = registry.family_for(name)
     rows = {e.name: e for e in registry.family_entries_or_none(family) or []} if family else {}
     return from_family(rows[name]) if name in rows else _builder_entry(name, registry.ENTRY_POINT)
+
+
+def builtin_entry(name: str) -> EnvEntry:
+    """A built-in's row from the shipped index while its builder module is unchanged; else from its class."""
+    indexed = _builtin_index().get(name)
+    if indexed is not None and indexed["sha256"] == _builder_module_sha256(name):
+        return EnvEntry(**indexed["entry"])
+    return _builder_entry(name, registry.BUILTIN)
+
+
+def write_builtin_index(path: Path = BUILTIN_INDEX) -> None:
+    """Describe every built-in from its class and write the index (atomically), one env a line."""
+    rows = {name: {"sha256": _builder_module_sha256(name), "entry": asdict(_builder_entry(name, registry.BUILTIN))}
+            for name in registry.BUILTIN_ENVS}
+    text = "{\n" + ",\n".join(f"{json.dumps(name)}: {json.dumps(row)}" for name, row in rows.items()) + "\n}\n"
+    atomic_write_bytes(path, text.encode())
+
+
+@cache
+def _builtin_index() -> dict[str, Any]:
+    try:
+        return json.loads(BUILTIN_INDEX.read_text())
+    except (OSError, ValueError):  # missing or damaged: every built-in is read from its class
+        return {}
+
+
+def _builder_module_sha256(name: str) -> str | None:
+    """sha256 of a built-in's builder module source, found without importing it."""
+    spec = importlib.util.find_spec(registry.BUILTIN_ENVS[name].partition(":")[0])
+    origin = spec.origin if spec is not None else None
+    return hashlib.sha256(Path(origin).read_bytes()).hexdigest() if origin and Path(origin).is_file() else None
 
 
 def _builder_entry(name: str, source: str) -> EnvEntry:
@@ -160,3 +200,8 @@ def count_rows(path: Path) -> int:
         return pq.ParquetFile(path).metadata.num_rows
     with pa.memory_map(str(path)) as source:
         return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
+
+
+if __name__ == "__main__":  # python -m hubgym.catalog: regenerate the built-ins' index after changing a builder
+    write_builtin_index()
+    print(f"wrote {BUILTIN_INDEX}")

@@ -2,6 +2,7 @@
 `hubgym check` over many envs runs in parallel, gives the same results at any --jobs, and turns a hang or a crash
 into one failure row."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -236,3 +237,24 @@ def test_a_hang_and_a_crash_are_failure_rows_and_the_rest_goes_on(tmp_path):
             "(the last to finish was check_declaration) [env='crashes']") in text
     assert re.search(r"fine\s+check_golden_replay\s+pass", result.output) and "FAIL fine" not in text
     assert "error: 2 of 22 checks failed" in text
+
+
+def test_the_shipped_builtin_index_matches_the_builders():
+    from hubgym.catalog import _builder_entry, _builder_module_sha256, _builtin_index
+
+    index = _builtin_index()
+    for name in registry.BUILTIN_ENVS:
+        fresh = {"sha256": _builder_module_sha256(name), "entry": dataclasses.asdict(_builder_entry(name, "builtin"))}
+        assert index.get(name) == fresh, f"{name} changed: run `python -m hubgym.catalog` to regenerate the index"
+    assert set(index) == set(registry.BUILTIN_ENVS)
+
+
+def test_a_stale_builtin_index_row_is_read_from_the_class(monkeypatch):
+    from hubgym import catalog as module
+
+    stale = {name: dict(row) for name, row in module._builtin_index().items()}
+    stale["arithmetic"] = {"sha256": "0" * 64, "entry": {**stale["arithmetic"]["entry"], "description": "old"}}
+    stale["wordle"] = {**stale["wordle"], "entry": {**stale["wordle"]["entry"], "description": "indexed"}}
+    monkeypatch.setattr(module, "_builtin_index", lambda: stale)
+    rows = {row.name: row for row in catalog(source="builtin")}
+    assert rows["arithmetic"].description.startswith("Arithmetic: ") and rows["wordle"].description == "indexed"
