@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from pathlib import Path
 
 import datasets
@@ -35,6 +36,15 @@ def hubgym(*args):
     return result
 
 
+def compiles_cleanly(folder: Path) -> bool:
+    """The generated Python compiles without warnings (an invalid escape in a docstring would warn)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in ("builder.py", "verifier.py"):
+            compile((folder / name).read_text(), name, "exec")
+    return True
+
+
 def failed_checks(folder: Path) -> list[str]:
     return [r.message for r in check_env(str(folder)) if not r.ok]
 
@@ -55,7 +65,7 @@ def test_gsm8k_fixture_wraps_into_an_env_that_passes_check(tmp_path, kind):
                   "--answer-regex", GSM8K_REGEX, "--out", out)
     assert made.exit_code == 0, made.output
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "builder.py", "data", "golden.jsonl", "verifier.py"]
-    assert failed_checks(out) == []
+    assert failed_checks(out) == [] and compiles_cleanly(out)
     builder = (out / "builder.py").read_text()
     assert all(section in builder for section in DOC_SECTIONS)
     assert 'ANSWER_PATTERN = re.compile(r"####\\s*(.+)$")' in builder
@@ -88,7 +98,7 @@ def test_multiple_choice_fixture_wraps_by_letter_or_by_index(tmp_path):
         made = hubgym("wrap", CAPITALS, "--prompt", "question", "--choices", "choices", "--answer", column,
                       "--reward", "choice", "--name", name, "--out", out)
         assert made.exit_code == 0, made.output
-        assert failed_checks(out) == []
+        assert failed_checks(out) == [] and compiles_cleanly(out)
         first = build_tasks(str(out))["train"][0]
         assert first["info"] == {"answer": "B", "choices": ["Berlin", "Paris", "Madrid", "Rome"]}
         options = "A. Berlin\nB. Paris\nC. Madrid\nD. Rome"

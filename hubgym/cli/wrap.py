@@ -37,8 +37,8 @@ def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/C
          out: Annotated[Path, typer.Option(help="the env folder to create")],
          config: Annotated[Optional[str], typer.Option(help="the dataset's config (subset)")] = None,
          revision: Annotated[Optional[str], typer.Option(help="the dataset's revision (Hub datasets)")] = None,
-         split_map: Annotated[Optional[str], typer.Option(help="ENV_SPLIT=SOURCE_SPLIT,... [default: every split "
-                                                              "under its own name]")] = None,
+         split_map: Annotated[Optional[str], typer.Option(help="ENV_SPLIT=SOURCE_SPLIT,... (default: every "
+                                                              "split under its own name)")] = None,
          choices: Annotated[Optional[str], typer.Option(help="column holding the list of choices (--reward "
                                                            "choice)")] = None,
          answer_regex: Annotated[Optional[str], typer.Option(help="the gold answer is this regex's first group "
@@ -47,9 +47,9 @@ def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/C
          system: Annotated[Optional[str], typer.Option(help="system prompt; the answer-format sentence is added "
                                                           "unless it mentions <answer>")] = None,
          tolerance: Annotated[float, typer.Option(help="relative tolerance of --reward numeric")] = 1e-6,
-         name: Annotated[Optional[str], typer.Option(help="env name [default: from DATASET]")] = None,
+         name: Annotated[Optional[str], typer.Option(help="env name (default: from DATASET's name)")] = None,
          limit: Annotated[Optional[int], typer.Option(help="keep at most the first N rows of each split")] = None,
-         force: Annotated[bool, typer.Option(help="replace --out when it exists and is not empty")] = False) -> None:
+         force: Annotated[bool, typer.Option("--force", help="replace --out when it exists and is not empty")] = False) -> None:
     """Write an env folder (builder, verifier, golden cases, README, data/) made from a dataset's columns."""
     from hubgym.wrap import WrapSpec, parse_split_map, wrap_dataset
 
