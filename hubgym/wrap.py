@@ -36,6 +36,7 @@ from hubgym.wrap_checks import (check_source, columns_of, dedup, golden_cases_fr
                                 local_files_hold_no_rows)
 
 TEMPLATES = Path(__file__).parent / "templates" / "wrap"
+FILE_FORMATS = {".jsonl": "json", ".tsv": "csv"}  # other suffixes name their packaged builder (.parquet, .csv, ...)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ DEFAULT_LEAD = {"choice": "Answer the multiple-choice question."}  # other rewar
 class WrapSpec:
     """Everything `hubgym wrap` needs; validated once, in `validate`."""
 
-    dataset: str  # a local folder of Parquet/JSON/CSV files, or a Hub dataset id (read through the HF cache)
+    dataset: str  # a folder of Parquet/JSON/CSV files (or one such file), or a Hub dataset id
     prompt: str  # column holding the question text
     answer: str  # column holding the gold answer (choice: a 0-based index or a letter)
     reward: str  # exact | numeric | math_verify | choice
@@ -153,7 +154,8 @@ class WrapSpec:
 
 def env_name_for(dataset: str) -> str:
     """'openai/gsm8k' -> 'gsm8k', 'data/My-Quiz' -> 'my_quiz': the dataset's last name, as an identifier."""
-    name = re.sub(r"[^a-z0-9_]+", "_", Path(dataset.rstrip("/")).name.lower()).strip("_")
+    path = Path(dataset.rstrip("/"))
+    name = re.sub(r"[^a-z0-9_]+", "_", (path.stem if path.is_file() else path.name).lower()).strip("_")
     return name if re.match(r"[a-z]", name) else f"env_{name}"
 
 
@@ -202,8 +204,12 @@ def read_source(spec: WrapSpec) -> tuple[dict[str, datasets.Dataset], str | None
     if from_hub and hub_offline():
         path, revision = cached_hub_snapshot(spec)
     try:
-        loaded = datasets.load_dataset(path, spec.config, revision=None if path != spec.dataset else revision,
-                                       cache_dir=spec.cache_dir)
+        if Path(path).is_file():  # one data file: the packaged builder of its format, as split "train"
+            loaded = datasets.load_dataset(FILE_FORMATS.get(Path(path).suffix, Path(path).suffix.lstrip(".")),
+                                           data_files={"train": path}, cache_dir=spec.cache_dir)
+        else:
+            loaded = datasets.load_dataset(path, spec.config, revision=None if path != spec.dataset else revision,
+                                           cache_dir=spec.cache_dir)
     except Exception as exc:  # datasets raises many kinds: FileNotFoundError, ArrowInvalid, DatasetNotFoundError...
         if local_files_hold_no_rows(spec.dataset):  # datasets fails on empty files rather than giving 0 rows
             raise EnvContractError(f"dataset {spec.dataset!r} is empty: its data files hold no rows",

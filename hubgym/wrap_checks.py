@@ -1,9 +1,10 @@
 """The checks `hubgym wrap` runs on a source dataset, and the golden cases it makes from the wrapped env.
 
-    rows = {"train": dataset}                      # {env split: datasets.Dataset}, as read
-    check_columns(rows["train"], spec, "train")    # columns exist and hold the types the reward needs
-    check_values(rows["train"], spec, "train")     # no empty prompt or answer, choices and letters that fit
-    cases = golden_cases_from_data(folder, spec)   # builds the staged env; every gold answer must earn 1
+    rows = {"train": limit_rows(dataset, spec, "train")}  # the columns the env reads, the first --limit rows
+    check_source(rows, spec)                      # column types; no empty prompt or answer; gold answers that fit
+    unique, source_rows = dedup(rows["train"], spec)  # a repeated task is kept once
+    cases = golden_cases_from_data(folder, spec, {"train": source_rows})  # builds the staged env: every gold
+                                                  # answer must earn the top reward; cases from the first rows
 
 Every failure is one EnvContractError naming the env, the source config, the split, the row (its
 position in the source split) and the column, with a fix.

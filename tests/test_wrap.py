@@ -149,7 +149,8 @@ def test_a_hub_dataset_is_read_from_the_hugging_face_cache_offline(tmp_path, mon
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(commit)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
-    made = hubgym("wrap", "demo/quiz", "--prompt", "q", "--answer", "a", "--reward", "exact", "--out", tmp_path / "quiz")
+    made = hubgym("wrap", "demo/quiz", "--prompt", "q", "--answer", "a", "--reward", "exact",
+                  "--out", tmp_path / "quiz")
     assert made.exit_code == 0, made.output
     assert f"'demo/quiz', revision '{commit}'" in (tmp_path / "quiz" / "builder.py").read_text()
     assert build_tasks(str(tmp_path / "quiz"))["train"][0]["info"] == {"answer": "Rome"}
@@ -157,6 +158,12 @@ def test_a_hub_dataset_is_read_from_the_hugging_face_cache_offline(tmp_path, mon
     assert absent.what == ("cannot read dataset 'demo/absent': it is not a folder, and HF_HUB_OFFLINE is set but the "
                            "Hugging Face cache does not hold it (LocalEntryNotFoundError)")
     assert absent.fix == "download it once (hf download demo/absent --repo-type dataset), or unset HF_HUB_OFFLINE"
+
+
+def test_a_single_data_file_is_a_train_split(tmp_path):
+    out = wrap_dataset(WrapSpec(str(CAPITALS / "test.jsonl"), "question", "answer", "choice", tmp_path / "peru",
+                                choices="choices"))
+    assert resolve_env(str(out)).ENV == "test" and len(build_tasks(str(out))["train"]) == 4
 
 
 def test_a_config_of_a_dataset_laid_out_like_a_hub_repo(tmp_path):

@@ -28,8 +28,8 @@ class Reward(str, Enum):
 
 @app.command()
 @user_errors
-def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/CSV files, or a Hub dataset id "
-                                                     "(read through the Hugging Face cache)")],
+def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/CSV files (or one such file), or "
+                                                     "a Hub dataset id (read through the Hugging Face cache)")],
          prompt: Annotated[str, typer.Option(help="column holding the question text")],
          answer: Annotated[str, typer.Option(help="column holding the gold answer (choice: a 0-based index or a "
                                                   "letter)")],
@@ -49,7 +49,8 @@ def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/C
          tolerance: Annotated[float, typer.Option(help="relative tolerance of --reward numeric")] = 1e-6,
          name: Annotated[Optional[str], typer.Option(help="env name (default: from DATASET's name)")] = None,
          limit: Annotated[Optional[int], typer.Option(help="keep at most the first N rows of each split")] = None,
-         force: Annotated[bool, typer.Option("--force", help="replace --out when it exists and is not empty")] = False) -> None:
+         force: Annotated[bool, typer.Option("--force", help="replace --out when it exists and is not empty")]
+         = False) -> None:
     """Write an env folder (builder, verifier, golden cases, README, data/) made from a dataset's columns."""
     from hubgym.wrap import WrapSpec, parse_split_map, wrap_dataset
 
