@@ -161,6 +161,9 @@ def test_the_table_is_one_line_per_env_with_long_config_lists_counted(fake_famil
     assert len(lines) == SIZE and f"hubgym environments: {SIZE} ({SIZE} fake)" in result.output
     assert lines[0].split()[:6] == ["fk_task_0000", "single_turn", "fake", "easy,", "medium,", "hard"]
     assert "hard +2" in lines[0] and max(len(line) for line in lines) <= 120
+    narrow = CliRunner().invoke(app, ["envs", "--source", "fake"], env={"COLUMNS": "60"}).output.splitlines()
+    assert len([line for line in narrow if line.startswith("  fk_task_")]) == SIZE
+    assert max(len(line) for line in narrow) < 60
 
 
 def test_json_output_parses_and_holds_family_and_failed_rows(fake_family, broken_family):
