@@ -125,13 +125,12 @@ def check(target: Annotated[Optional[str], typer.Argument(help="env name, path t
           source: Annotated[Optional[str], typer.Option(help=SOURCE_HELP + " (with 'all')")] = None,
           tag: Annotated[Optional[list[str]], typer.Option(help=TAG_HELP + " (with 'all')")] = None,
           jobs: Annotated[Optional[int], typer.Option(min=1, help="envs checked at once, each in its own process "
-                                                      "[default: the CPU count]")] = None,
+                                                      "(default: the CPU count)")] = None,
           timeout: Annotated[float, typer.Option(min=1, help="seconds one env's checks may take when several envs "
                                                  "are checked; past it the env is one failure row")] = 900.0) -> None:
     """Run the conformance checks; print a table, then every failure in full. Exit code 1 on any failure.
 
-    Several envs (all, a slice, a folder of envs) are checked in parallel, one process per env, so a crash or
-    a hang of one env is that env's failure row and the others go on."""
+    Many envs (all, a slice, a folder) run in parallel, a process each: a crash or hang fails only that env."""
     if target is None and not (source or tag):
         fail("name what to check: an env, an env folder, or 'all' (or a slice of the catalog: --source / --tag)")
     if (source or tag) and target not in (None, "all"):
