@@ -6,7 +6,7 @@
     resolve_env("./envs/my_env")     # a folder holding builder.py (or the .py file itself)
 
 Listing names (`env_names`, `is_registered`) reads family indexes and entry-point metadata only: it imports no
-builder and no bridged package, and `import hubgym.builders.registry` itself does not import datasets.
+builder and no bridged package; this module imports TaskBuilder (and so datasets) only when it resolves one.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import importlib.util
 import inspect
 import re
 import sys
-from importlib.metadata import entry_points
 from functools import cache
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -89,7 +89,7 @@ def load_family(name: str) -> EnvFamily:
 def family_entries(name: str) -> list[FamilyEnv]:
     """A family's catalog rows, from its shipped index (cached; no import of the bridged package)."""
     load_family(name)  # an unknown family name is an EnvNotFoundError naming the registered ones
-    return _family_entries(FAMILIES[name], FAMILY_PREFIXES.get(name))
+    return list(_family_entries(FAMILIES[name], FAMILY_PREFIXES.get(name)))
 
 
 def family_entries_or_none(name: str) -> list[FamilyEnv] | None:
@@ -121,9 +121,9 @@ def _load_family(target: str, prefix: str | None) -> EnvFamily:
 
 
 @cache
-def _family_entries(target: str, prefix: str | None) -> list[FamilyEnv]:
+def _family_entries(target: str, prefix: str | None) -> tuple[FamilyEnv, ...]:
     family = _load_family(target, prefix)
-    return validate_entries(family, list(family.entries()))
+    return tuple(validate_entries(family, list(family.entries())))
 
 
 def _family_builder(family_name: str, name: str) -> type[TaskBuilder] | None:
@@ -159,7 +159,7 @@ def resolve_env(ref: str | type[TaskBuilder]) -> type[TaskBuilder]:
 
 
 def is_registered(ref: str) -> bool:
-    """A built-in or installed entry-point env (a name or versioned id). A bare word names a registered env
+    """A built-in, family or installed entry-point env (a name or versioned id). A bare word names a registered env
     first; a folder of that name is used only if none is registered."""
     name = _split_version(ref)[0]
     family = family_for(name)
