@@ -31,8 +31,8 @@ from hubgym.errors import EnvContractError, EnvNotFoundError, ToolNotFoundError,
 from hubgym.schemas.tasks import Task
 from hubgym.verifiers.contract import Verifier
 
-__all__ = ["EnvTasks", "hub_verifier", "is_hub_ref", "load_env_tasks", "resolve_env", "split_spec",
-           "stored_env_verifier"]
+__all__ = ["EnvTasks", "check_task_tools", "hub_verifier", "is_hub_ref", "load_env_tasks", "mixture_of",
+           "resolve_env", "split_spec", "stored_env_verifier"]
 
 STORED_ENV_FLAGS = "--verifier ENV=MODULE (a verifier module you name) or --env-revision ORG/NAME@REVISION (pinned)"
 
@@ -102,6 +102,11 @@ def _split(builder: type[TaskBuilder], config: str, split: str):
     return splits[split]
 
 
+def check_task_tools(tasks: list[Task], where: Where) -> None:
+    """Every tool the rows offer is registered; else one error naming env, config, split, row and field."""
+    _check_tools(tasks, where)
+
+
 def _check_tools(tasks: list[Task], where: Where) -> None:
     from hubgym.tools.registry import get_tool
 
@@ -153,3 +158,16 @@ def hub_verifier(ref: str, *, trust: bool, pin: str | None, hub) -> tuple[str, V
     manifest = read_manifest(meta.path, pinned)
     verifier = load_hub_verifier(meta.path, manifest, pinned, trust=trust, pin=pin, hub=hub_argument(backend))
     return manifest["env"], verifier, pinned
+
+
+def mixture_of(specs: list[tuple[str, float]], split: str, seed: int = 0, **options):
+    """A lazy task source over `ENV[:CONFIG]` specs with weights: a `hubgym.mixture.Mixture`, whose env configs
+    are opened (rows generated or streamed, never built whole) only when a task of theirs is drawn.
+
+        mix = mixture_of([("arithmetic:easy", 1.0), ("wordle", 2.0)], "train", seed=0)
+        batch = mix.take(64)
+    """
+    from hubgym.mixture import Mixture, parse_spec
+
+    spec = parse_spec([{"name": name, "weight": weight} for name, weight in specs])
+    return Mixture.from_spec(spec, split=split, seed=seed, **options)

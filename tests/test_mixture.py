@@ -238,3 +238,44 @@ def test_the_difficulty_band_is_built_only_when_asked_for():
     assert isinstance(band, TaskFilter)
     with pytest.raises(ValueError, match=re.escape("pass_band=(0.9, 0.1) must satisfy 0 <= low <= high <= 1")):
         load_config("tiny", ["online.pass_band=[0.9, 0.1]"])
+
+
+MIX_SPEC = "envs:\n  - {name: 'arithmetic:*', weight: 1}\n  - {name: reverse_text, weight: 2}\n"
+
+
+@pytest.mark.parametrize("args, said", [
+    (["arithmetic", "--mix", "SPEC", "--tasks", "4"], "name the envs to sample (ENV[:CONFIG]...) or a mixture"),
+    (["--mix", "SPEC"], "--mix draws --tasks N tasks from the mixture: give --tasks N"),
+    (["arithmetic", "--tasks", "4"], "--tasks N is the number of tasks drawn from a mixture"),
+    (["--mix", "MISSING", "--tasks", "4"], "cannot read mixture spec"),
+])
+def test_rollout_mix_options_are_checked_before_any_model_loads(tmp_path, args, said):
+    from typer.testing import CliRunner
+
+    from hubgym.cli import app
+
+    spec = tmp_path / "mix.yaml"
+    spec.write_text(MIX_SPEC)
+    args = [str(spec) if a == "SPEC" else str(tmp_path / "missing.yaml") if a == "MISSING" else a for a in args]
+    result = CliRunner().invoke(app, ["rollout", *args, "--out", str(tmp_path / "r")], env={"COLUMNS": "400"})
+    assert result.exit_code == 1 and said in result.output and "Traceback" not in result.output, result.output
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow
+def test_rollout_samples_a_mixture_and_resumes(tiny_model, tmp_path):
+    from hubgym.hub.rollouts import iter_rollouts
+    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+
+    spec = tmp_path / "mix.yaml"
+    spec.write_text(MIX_SPEC)
+    config = RolloutConfig(envs=[], mix=str(spec), tasks=6, model=str(tiny_model), out=str(tmp_path / "r"), n=2,
+                           sampling=SamplingArgs(max_tokens=4, seed=3), max_model_len=512)
+    first = run_rollouts(config, progress=False)
+    rows = list(iter_rollouts([tmp_path / "r"]))
+    assert first.written == len(rows) == 12 and len({r["task_id"] for r in rows}) == 6
+    assert {r["env"] for r in rows} <= {"arithmetic", "reverse_text"}
+    again = run_rollouts(config, progress=False)  # the same draws: every group is already stored
+    assert (again.written, again.skipped) == (0, 12)
+    spec.write_text(MIX_SPEC.replace("weight: 2", "weight: 3"))  # another mixture is another run
+    assert RolloutConfig(**{**config.__dict__}).run_id() != first.run_id

@@ -1,6 +1,7 @@
 """`hubgym rollout`, `report` and `push-rollouts`: sample rollouts into shards, summarize them, upload them.
 
     hubgym rollout arithmetic:easy wordle --limit 8 --n 4 --out runs/r1
+    hubgym rollout --mix mix.yaml --tasks 1000 --n 4 --out runs/r2      # draws of a mixture of env configs
     hubgym report runs/r1
     hubgym push-rollouts runs/r1 me/rollouts --hub hubs/local
 """
@@ -34,7 +35,8 @@ class VllmDtype(str, Enum):
 @app.command()
 @user_errors
 def rollout(
-    envs: Annotated[list[str], typer.Argument(help="ENV or ENV:CONFIG (name, versioned id or folder), one or more")],
+    envs: Annotated[Optional[list[str]], typer.Argument(help="ENV or ENV:CONFIG (name, versioned id or folder), one "
+                                                             "or more (or --mix)")] = None,
     model: Annotated[str, typer.Option(help="model folder (or name served at --base-url); 'tiny' makes a tiny "
                                             "local model")] = "tiny",
     engine: Annotated[EngineKind, typer.Option(help="vllm: offline engine in this process; openai: a server")]
@@ -78,12 +80,26 @@ def rollout(
                                                                          "vLLM takes, in (0, 1] [default: vLLM's "
                                                                          "0.9]")] = None,
     tensor_parallel_size: Annotated[int, typer.Option(help="vllm engine: GPUs the engine spans")] = 1,
+    mix: Annotated[Optional[Path], typer.Option(help="a mixture spec (YAML/JSON: env names, families, tags, "
+                                                     "weights; see hubgym.mixture.spec): sample --tasks draws of it "
+                                                     "instead of ENVs, seeded by --seed")] = None,
+    tasks: Annotated[Optional[int], typer.Option(min=1, help="with --mix: tasks to draw (no task twice)")] = None,
     verbose: Verbose = False,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
+    if (mix is None) == (not envs):
+        fail("name the envs to sample (ENV[:CONFIG]...) or a mixture (--mix SPEC --tasks N), one of the two")
+    if mix is not None and (tasks is None or limit is not None):
+        fail("--mix draws --tasks N tasks from the mixture: give --tasks N (and no --limit, which is per env)")
+    if tasks is not None and mix is None:
+        fail("--tasks N is the number of tasks drawn from a mixture: give --mix SPEC too, or use --limit per env")
+    if mix is not None:
+        from hubgym.mixture import load_spec
+
+        load_spec(mix)  # an unreadable or invalid spec: one line, before any model loads
     template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads
     from hubgym.models import FALLBACK_CONTEXT, context_length, resolve_model
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
@@ -95,7 +111,8 @@ def rollout(
     else:
         model = resolve_model(model, setting="--model")
         max_model_len = context_length(model, max_model_len, setting="--max-model-len")
-    config = RolloutConfig(envs=envs, model=model, out=str(out), tool_parser=tool_parser,
+    config = RolloutConfig(envs=list(envs or []), mix=str(mix) if mix else None, tasks=tasks, model=model,
+                           out=str(out), tool_parser=tool_parser,
                            reasoning_parser=reasoning_parser, chat_template_kwargs=template_kwargs,
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),

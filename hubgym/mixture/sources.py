@@ -8,7 +8,12 @@ and `_generate_examples`, so every row is checked as a build checks it) and a hu
 Parquet files; no datasets cache is written per env. Rows are served in blocks of `block` rows, each block
 shuffled by a seed of its own, so position (epoch, pos) names one row whatever happened before: a source
 evicted from the pool, or a resumed run, reopens and skips to the block that holds it (time linear in pos,
-memory one block). Memory: at most `max_open` open sources, each holding one block of rows and its generator.
+memory one block). Memory: at most `max_open` open sources, each holding one block of rows and its generator
+(whose own state, e.g. the ids it has yielded, grows with that env's position, never with other envs).
+
+Cost of the bound: a source evicted and opened again regenerates the rows before its position (a builder's
+generator cannot seek), so drawing is fastest when `max_open` covers the env configs that carry most weight;
+in training (tens of draws per step) that cost is small next to a step.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ from hubgym.errors import EnvContractError, Where
 
 __all__ = ["OpenSource", "Position", "SourcePool", "builder_rows"]
 
-BLOCK_ROWS = 64  # rows shuffled together: the memory of one open source, and the reach of its local shuffle
-MAX_OPEN = 64  # open sources at once (an LRU): memory stays flat however many env configs a mixture has
+BLOCK_ROWS = 32  # rows shuffled together: the memory of one open source, and the reach of its local shuffle
+MAX_OPEN = 256  # open sources at once (an LRU): memory stays flat however many env configs a mixture has
 
 
 @dataclass

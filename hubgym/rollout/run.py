@@ -2,6 +2,10 @@
 
     config = RolloutConfig(envs=["arithmetic:easy", "wordle"], model="tiny-model", out="runs/r1", n=4, limit=8)
     summary = run_rollouts(config)
+    config = RolloutConfig(envs=[], mix="mix.yaml", tasks=1000, model="tiny-model", out="runs/r2")  # a mixture
+
+With `mix` (a spec file, see hubgym.mixture.spec), the run samples `tasks` draws of that mixture, seeded by
+`sampling.seed`: only the env configs drawn are opened, and re-running draws the same tasks (so it resumes).
 
 Workers split the tasks by a hash of the task id (`shard_index`/`num_shards`), so N workers
 write disjoint shards with no coordinator. Re-running the same config resumes: groups whose
@@ -19,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hubgym.resolve import load_env_tasks
+from hubgym.resolve import EnvTasks, load_env_tasks
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
@@ -59,6 +63,8 @@ class RolloutConfig:
     tool_parser: str = HERMES  # how replies' tool calls are read: "hermes" (<tool_call> JSON) or a vLLM parser name
     reasoning_parser: str | None = None  # a vLLM reasoning parser name: splits <think>...</think> into `reasoning`
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to every apply_chat_template
+    mix: str | None = None  # a mixture spec file (YAML/JSON): draw `tasks` tasks from it instead of `envs`
+    tasks: int | None = None  # with `mix`: how many tasks to draw (no task twice)
 
     def run_id(self) -> str:
         # Where the run is written, how it is split and where the server listens do not change what it samples.
@@ -67,6 +73,12 @@ class RolloutConfig:
         for name, default in (("tool_parser", HERMES), ("reasoning_parser", None), ("chat_template_kwargs", {})):
             if keep[name] == default:  # left out at their defaults: runs from before these options keep their ids
                 del keep[name]
+        if self.mix is None:
+            del keep["mix"], keep["tasks"]
+        else:  # the spec's content, not where the file lies, defines what is drawn
+            from hubgym.mixture import load_spec, spec_digest
+
+            keep["mix"] = spec_digest(load_spec(self.mix))
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def chat_options(self) -> dict[str, Any]:
@@ -219,8 +231,7 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
     the groups already finished and raises KeyboardInterrupt."""
     run_id = config.run_id()
     check_chat_options(config)
-    envs = [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
-            for spec in config.envs]
+    envs = load_run_envs(config)
     early = _early_renderer(config, engine)  # a parser that does not fit, or tools the template ignores: refused
     check_tools_rendered(early, envs, config.model)  # before vLLM starts and before the run folder is written
     # Before the engine starts: a folder of another run, or one another process writes, is refused at once.
@@ -247,6 +258,34 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
         raise KeyboardInterrupt
     return RunSummary(Path(config.out), run_id, stats["written"], skipped, writer.shards(),
                       time.perf_counter() - started, stats["tokens"])
+
+
+def load_run_envs(config: RolloutConfig) -> list[EnvTasks]:
+    """The run's tasks by env: each `envs` spec's split (up to `limit`), or `tasks` draws of the `mix` spec."""
+    if config.mix is None:
+        return [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
+                for spec in config.envs]
+    from hubgym.errors import EnvContractError, Where
+    from hubgym.mixture import Mixture, load_spec
+    from hubgym.resolve import check_task_tools
+
+    if config.envs or not config.tasks:
+        raise EnvContractError(f"a mixture run draws `tasks` tasks from its spec and names no envs (envs="
+                               f"{config.envs}, tasks={config.tasks})", Where(field="mix"),
+                               "give --mix SPEC with --tasks N, or ENV[:CONFIG]... without --mix")
+    mixture = Mixture.from_spec(load_spec(config.mix), split=config.split, seed=config.sampling.seed, hub=config.hub,
+                                trust=config.trust, pins=config.pins)
+    by_key: dict[str, EnvTasks] = {}
+    for drawn in mixture.take(config.tasks):
+        if drawn.env.key not in by_key:
+            opened = mixture.opened(drawn.env)
+            by_key[drawn.env.key] = EnvTasks(opened.env, opened.config, opened.verifier, [], opened.repo,
+                                             opened.revision)
+        by_key[drawn.env.key].tasks.append(drawn.task)
+    mixture.close()
+    for env in by_key.values():
+        check_task_tools(env.tasks, Where(env.env, env.config, config.split))
+    return list(by_key.values())
 
 
 async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs) -> None:
