@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -279,3 +280,19 @@ def test_rollout_samples_a_mixture_and_resumes(tiny_model, tmp_path):
     assert (again.written, again.skipped) == (0, 12)
     spec.write_text(MIX_SPEC.replace("weight: 2", "weight: 3"))  # another mixture is another run
     assert RolloutConfig(**{**config.__dict__}).run_id() != first.run_id
+
+
+def test_a_hub_env_streams_into_the_mixture_and_builders_write_no_cache(tmp_path):
+    from hubgym.hub.push import push_env
+    from hubgym.mixture import sources
+
+    push_env("arithmetic", "me/arith", hub=tmp_path / "hub", configs=["easy"])
+    mix = Mixture.from_spec(parse_spec([{"name": "me/arith:easy"}, {"name": "arithmetic:tiny"}]), split="train",
+                            seed=0, listing=listing(), hub=str(tmp_path / "hub"), trust=True)
+    batch = mix.take(40)
+    hub_rows = [d for d in batch if d.env.key == "me/arith:easy"]
+    assert hub_rows and len(hub_rows) < len(batch)
+    opened = mix.opened(hub_rows[0].env)
+    assert (opened.env, opened.config, opened.repo) == ("arithmetic", "easy", "me/arith") and len(opened.revision) == 40
+    built = [p for p in Path(sources._CACHE_DIR.name).rglob("*") if not p.name.endswith(".lock")]
+    assert built == []  # the builder's rows came from its generator: no datasets cache, no Arrow file
