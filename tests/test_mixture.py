@@ -88,6 +88,8 @@ def test_entry_weights_sum_and_tag_weights_multiply():
                                 {"name": "fake_1"}], "tag_weights": {"games": 3.0}})
     weights = {e.key: e.weight for e in expand(spec, lst)}
     assert weights == {"fake_0:a": (2 + 1) * 3.0, "fake_2:a": 2.0, "fake_4:a": 2.0, "fake_1:a": 1.0}
+    both = mixture({"envs": [{"name": "fake_0:a"}, {"name": "fake_0:b", "weight": 2}, {"name": "fake_1"}]}, lst)
+    assert both.weights_by_env() == {"fake_0": 3.0, "fake_1": 1.0}  # configs of one env add up under its name
 
 
 def test_draws_follow_the_weights_by_env_and_by_tag():

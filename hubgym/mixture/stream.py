@@ -169,6 +169,15 @@ class Mixture:
                 self._opened[env.key] = Opened(builder.ENV, str(env.config), builder.verifier())
         return self._opened[env.key]
 
+    def weights_by_env(self) -> dict[str, float]:
+        """Mixture weight per env name (the name rows carry), summed over its env configs: what the trainer
+        weighs stored rows by. Listed envs need nothing opened; a hub env's name is read from its manifest."""
+        weights: dict[str, float] = {}
+        for env in self.envs:
+            name = self.opened(env).env if env.source == "hub" else env.name
+            weights[name] = weights.get(name, 0.0) + env.weight
+        return weights
+
     def open_sources(self) -> int:
         """Sources open now (never above max_open)."""
         return self._pool.open_count()
