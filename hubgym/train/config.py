@@ -59,8 +59,8 @@ class Online(Section):
                                "model's max_position_embeddings")
     difficulty_stats: list[str] = Field(default_factory=list, description="task stats to start the difficulty "
                                         "band from: stats or rollout run folders, or hub repos (hubgym stats)")
-    pass_band: tuple[float, float] = Field((0.0, 1.0), description="draw only tasks whose pass rate is in [low, high] "
-                                           "(tasks with too few samples are drawn); (0, 1) with no difficulty_stats "
+    pass_band: tuple[float, float] = Field((0.0, 1.0), description="(low, high): draw only tasks whose pass rate is "
+                                           "between low and high (tasks with too few samples are drawn); (0, 1) with no difficulty_stats "
                                            "= no band")
     difficulty_min_samples: int = Field(8, ge=1, description="samples a task needs before the band judges its pass "
                                         "rate")
@@ -253,7 +253,9 @@ class TrainConfig(Section):
     model: str = Field("tiny", description="model folder; 'tiny' makes the tiny local model")
     output_dir: str = Field("runs/train", description="checkpoints, shards, metrics, plots")
     envs: list[EnvMix] = Field(default_factory=lambda: [EnvMix(name="arithmetic:tiny")],
-                               description="envs for online rollouts and evaluation, with mixture weights")
+                               description="envs for online rollouts and evaluation, with mixture weights: "
+                               "{name: ENV[:CONFIG]}, or {source: FAMILY} / {tag: TAG} selecting many (weights "
+                               "add up per env config; see hubgym.mixture.spec)")
     seed: int = Field(0, description="seeds sampling, task draws, DeepSpeed and the stream")
     checkpoint_every: int = Field(0, ge=0, description="save every K steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (oldest deleted)")
@@ -430,5 +432,5 @@ def describe_options(model: type[BaseModel] = TrainConfig, prefix: str = "") -> 
             continue
         default = field.get_default(call_default_factory=True)
         if isinstance(default, list):
-            default = [d.model_dump() if isinstance(d, BaseModel) else d for d in default]
+            default = [d.model_dump(exclude_none=True) if isinstance(d, BaseModel) else d for d in default]
         yield f"{prefix}{name}", repr(default), field.description or ""
