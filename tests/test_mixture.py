@@ -298,3 +298,23 @@ def test_a_hub_env_streams_into_the_mixture_and_builders_write_no_cache(tmp_path
     assert (opened.env, opened.config, opened.repo) == ("arithmetic", "easy", "me/arith") and len(opened.revision) == 40
     built = [p for p in Path(sources._CACHE_DIR.name).rglob("*") if not p.name.endswith(".lock")]
     assert built == []  # the builder's rows came from its generator: no datasets cache, no Arrow file
+
+
+def test_a_resumed_producer_feeds_its_filter_every_stored_step_in_order(tmp_path):
+    from hubgym.rollout.engines import SamplingArgs
+    from hubgym.train.online import OnlineProducer
+
+    class Recording(RejectListed):
+        def update(self, rows):
+            self.steps.append(rows[0]["step"])
+
+    band = Recording(set())
+    band.steps = []
+    for step in (2, 0, 1):  # complete steps on disk (their shards stand in as one row each)
+        (tmp_path / f"manifest-step{step:06d}.json").write_text(json.dumps({"complete": True, "step": step}))
+    producer = OnlineProducer([("fake_0:a", 1.0)], split="train", model="m", out_dir=tmp_path, n=2,
+                              sampling=SamplingArgs(), max_model_len=256, listing=fake_listing(1), task_filter=band)
+    producer._stored_rows = lambda step: [{"step": step}]
+    producer.pick(3, 2)
+    producer.pick(3, 2)  # drawn again (a cancelled step): nothing fed twice
+    assert band.steps == [0, 1, 2]

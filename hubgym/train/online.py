@@ -111,6 +111,7 @@ class OnlineProducer:
         self._renderer: ChatRenderer | None = None
         self._state_step: int | None = None  # the step the mixture's in-memory state is ready to draw
         self._filtered: set[int] = set()  # steps whose rows the task filter has taken in
+        self._after: tuple[int, dict[str, Any]] | None = None  # (step, the stream's state after its draw)
 
     def pick(self, step: int, groups: int) -> list[tuple[MixEnv, dict]]:
         """Tasks for one step: `groups` draws of the mixture by weight, no task twice in a step.
@@ -204,6 +205,7 @@ class OnlineProducer:
                  groups: int) -> list[dict[str, Any]]:
         stored = self._stored(step)
         if stored is not None:
+            self._feed_filter(step)  # steps before it first: the filter takes steps in order
             self._updated_filter(step, stored)
             return stored
         for stale in (self.out_dir / "shards").glob(f"{self.worker(step)}-*.arrow"):  # killed before its manifest
