@@ -59,7 +59,7 @@ class Listing:
             return None
         builder = resolve_env(ref)  # raises EnvNotFoundError naming the ref and the known envs
         self._resolved[ref] = builder
-        return _describe(builder, ref)
+        return _describe(builder, builder.ENV)  # the name its rows carry (a folder or a versioned id resolves to it)
 
     def builder(self, ref: str) -> type[TaskBuilder]:
         """The builder class of a listed or resolvable env (cached: the same class on every call)."""
