@@ -43,6 +43,7 @@ from hubgym.stats import DifficultyBand, TaskStats  # noqa: E402
 
 CATALOG = ["arithmetic:sums", "arithmetic:easy", "arithmetic:medium", "arithmetic:hard", "reverse_text:words"]
 Z95 = 1.959964
+MAX_DRAWS = 100  # draws per kept group before the band side gives up
 
 
 def wilson(successes: int, total: int) -> tuple[float, float]:
@@ -148,6 +149,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     uniform = sampler.groups([rng.choice(pool) for _ in range(args.groups)], phase=2)
     minutes["uniform"] = (time.perf_counter() - clock) / 60
 
+    if not in_band:
+        sampler.close()
+        raise SystemExit(f"no catalog task has a pass rate in [{args.low}, {args.high}]: nothing for the band to "
+                         f"draw; widen the band (--low/--high)")
     clock = time.perf_counter()
     rng, kept, drawn = random.Random(3), [], 0
     while len(kept) < args.groups:
@@ -157,6 +162,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             drawn += 1
             if band.keep(env.env, task["id"]):
                 picks.append((env, task))
+            elif drawn > MAX_DRAWS * args.groups:  # update() moved every task out of the band
+                raise SystemExit(f"{drawn} draws kept only {len(kept) + len(picks)} groups; widen the band")
         step = sampler.groups(picks, phase=3, first=len(kept))
         band.update([row for group in step for row in group])
         kept += step
