@@ -32,7 +32,7 @@ def fake_builder(name: str, rows: int = 40) -> type[TaskBuilder]:
 
         _BUILDERS[name, rows] = type(f"Fake_{name}_{rows}", (TaskBuilder,), {
             "ENV": name, "VERIFIER": "hubgym.verifiers.arithmetic", "GOLDEN": "unused.jsonl",
-            "BUILDER_CONFIGS": [TaskConfig(name="a", sizes={"train": rows}), TaskConfig(name="b", sizes={"train": rows})],
+            "BUILDER_CONFIGS": [TaskConfig(name=c, sizes={"train": rows}) for c in ("a", "b")],
             "generate_tasks": generate_tasks, "__module__": __name__})
     return _BUILDERS[name, rows]
 

@@ -121,7 +121,7 @@ def parse_spec(data: Any, origin: str = "mixture spec") -> MixSpec:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg'].removeprefix('Value error, ')}"
                              for e in exc.errors())
         raise EnvContractError(f"{origin} is not a valid mixture: {problems}", Where(field="envs"),
-                               "see `hubgym.mixture.spec` for the format: a list of {name|source|tag, weight}") from None
+                               "write a list of {name|source|tag, weight} (the format: hubgym.mixture.spec)") from None
 
 
 def load_spec(path: str | Path) -> MixSpec:
