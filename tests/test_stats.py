@@ -153,12 +153,19 @@ def test_cli_writes_pushes_and_merges_back_from_a_hub(tmp_path, hub_spec):
     assert datasets.load_dataset(str(tmp_path / "s2"), split="train").num_rows == 4  # the card's configs, no hubgym
 
 
-def test_a_band_from_a_hub_repo_and_a_run_folder(tmp_path, hub_spec):
+def test_a_band_from_stats_on_a_hub_and_from_rollout_repos(tmp_path, hub_spec):
+    from hubgym.hub.rollouts import push_rollouts
     from hubgym.stats import push_stats
 
     push_stats(TaskStats.from_rollouts(run_a(tmp_path)), "org/stats", hub=hub_spec)
     band = DifficultyBand.from_sources(["org/stats", str(run_b(tmp_path))], 0.1, 0.9, min_samples=2, hub=hub_spec)
     assert [band.pass_rate("arithmetic", t) for t in T] == [0.0, 0.5, 1.0, None]  # task 3: 1 sample < 2
+    push_rollouts(tmp_path / "a", "org/rollouts", hub=hub_spec)
+    push_rollouts(tmp_path / "b", "org/rollouts", hub=hub_spec)
+    result = cli("stats", "org/rollouts", "--hub", hub_spec, "--out", tmp_path / "s")  # every run of the repo
+    assert result.exit_code == 0, result.output
+    assert as_expected(read_stats(tmp_path / "s")) == EXPECTED
+    assert as_expected(load_stats(["org/rollouts:ra", "org/stats", "org/rollouts:rb"], hub=hub_spec)) == EXPECTED
 
 
 def failure(result) -> str:
