@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import uuid
 from dataclasses import dataclass
@@ -54,10 +55,7 @@ def write_stats(stats: TaskStats, out: str | os.PathLike) -> Path:
         _write_files(stats, staged)
         replace_dir(staged, out)
     finally:
-        if staged.exists():
-            import shutil
-
-            shutil.rmtree(staged, ignore_errors=True)
+        shutil.rmtree(staged, ignore_errors=True)  # gone after a successful move; a failed write leaves nothing
     return out
 
 
@@ -71,7 +69,7 @@ def _write_files(stats: TaskStats, folder: Path) -> None:
     summary = stats.summary()
     manifest = {"format": FORMAT, "schema_version": STATS_SCHEMA_VERSION, "tasks": len(tasks),
                 "samples": int(tasks["samples"].sum()), "runs": stats.runs, "files": files,
-                "envs": {row["env"]: {k: v for k, v in row.items() if k != "env"} for row in summary.iter_rows(named=True)}}
+                "envs": {row.pop("env"): row for row in summary.iter_rows(named=True)}}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     (folder / CARD_FILE).write_text(render_card(manifest))
 
