@@ -166,6 +166,14 @@ def test_a_band_from_stats_on_a_hub_and_from_rollout_repos(tmp_path, hub_spec):
     assert result.exit_code == 0, result.output
     assert as_expected(read_stats(tmp_path / "s")) == EXPECTED
     assert as_expected(load_stats(["org/rollouts:ra", "org/stats", "org/rollouts:rb"], hub=hub_spec)) == EXPECTED
+    refused = failure(cli("stats", tmp_path / "b", "--push", "org/rollouts", "--hub", hub_spec))
+    assert "org/rollouts on the" in refused and "holds other files (README.md" in refused  # never overwritten
+
+    # a push adds to what the repo holds: run b's stats alone, pushed onto run a's, give both
+    push_stats(TaskStats.from_rollouts(tmp_path / "b"), "org/stats", hub=hub_spec)
+    assert as_expected(load_stats("org/stats", hub=hub_spec)) == EXPECTED
+    push_stats(TaskStats.from_rollouts(tmp_path / "b"), "org/stats", hub=hub_spec, replace=True)
+    assert load_stats("org/stats", hub=hub_spec).runs == ["rb"]
 
 
 def failure(result) -> str:

@@ -122,16 +122,21 @@ def read_stats(folder: str | os.PathLike, name: str | None = None) -> TaskStats:
     return TaskStats(parts)
 
 
-def push_stats(stats: TaskStats, repo: str, *, hub: Any = None) -> StatsPush:
-    """Commit the stats as the whole content of `repo` (one commit; the same stats again make none)."""
+def push_stats(stats: TaskStats, repo: str, *, hub: Any = None, replace: bool = False) -> StatsPush:
+    """Add the stats to `repo` in one commit: the stats it holds are merged in first, so a push never drops runs
+    pushed before (runs both hold count once); `replace=True` commits these stats alone. The same stats again make
+    no commit. A repo that holds something else (an env, rollouts) is refused, never overwritten."""
     from hubgym.hub.base import get_hub
 
     backend = get_hub(hub)
+    backend.create_repo(repo)
+    held = _hub_stats(repo, None, backend, refuse_other=True)
+    if held is not None and not replace:
+        stats = stats.merge(held)
     with tempfile.TemporaryDirectory(prefix="hubgym-stats-") as tmp:
         folder = Path(tmp) / "stats"
         _write_files(stats, folder)
         files = {name: folder / name for name in (TASKS_FILE, PARTS_FILE, MANIFEST, CARD_FILE)}
-        backend.create_repo(repo)
         revision = backend.commit(repo, files, f"Task stats: {stats.tasks().height} tasks, {len(stats.runs)} runs",
                                   replace=True)
     return StatsPush(repo, revision)
@@ -169,15 +174,27 @@ def open_stats(source: str | os.PathLike, hub: Any = None) -> TaskStats | None:
     if ":" in text:
         return None  # org/name[@rev]:RUN names a rollout run
     from hubgym.errors import EnvNotFoundError
-    from hubgym.hub.base import GITATTRIBUTES, get_hub, parse_ref
+    from hubgym.hub.base import get_hub, parse_ref
 
     repo, revision = parse_ref(text)
     backend = get_hub(hub)
     try:
-        head = backend.resolve(repo, revision, patterns=[MANIFEST, GITATTRIBUTES])  # (one file always matches)
+        return _hub_stats(repo, revision, backend)
     except EnvNotFoundError as exc:
         raise NoShardsError(f"{source} is not a folder here, nor a repo on the {backend.name} hub: {exc}") from None
+
+
+def _hub_stats(repo: str, revision: str | None, backend: Any, refuse_other: bool = False) -> TaskStats | None:
+    """The stats a hub repo revision holds, or None; with `refuse_other`, a repo holding other files is an error."""
+    from hubgym.hub.base import GITATTRIBUTES
+
+    head = backend.resolve(repo, revision, patterns=[MANIFEST, CARD_FILE, "*.json", GITATTRIBUTES])  # small files
     if not (head.path / MANIFEST).is_file():
+        other = sorted(str(p.relative_to(head.path)) for p in head.path.rglob("*")
+                       if p.is_file() and p.name != GITATTRIBUTES)
+        if refuse_other and other:
+            raise ManifestError(f"{repo} on the {backend.name} hub holds other files ({', '.join(other[:3])}), not "
+                                f"task stats; push stats to a repo of their own", path=repo)
         return None
     snapshot = backend.resolve(repo, head.revision, patterns=[MANIFEST, PARTS_FILE, GITATTRIBUTES])
     return read_stats(snapshot.path, f"{repo}@{snapshot.revision}")
