@@ -70,6 +70,7 @@ class TaskStats:
         return cls(parts_of_rows(frame_of_dicts(list(rows)), thresholds))
 
     def merge(self, *others: "TaskStats") -> "TaskStats":
+        """These stats and `others` together; a run two of them hold counts once (see merge_parts)."""
         return TaskStats(merge_parts([self.parts, *(o.parts for o in others)]))
 
     @property
