@@ -20,18 +20,21 @@ from hubgym.verifiers.textarena import _drain, engine_class, private_random, res
 SEED = 11
 
 
+NO_TURN_LIMIT = {"ta_sudoku"}  # valid moves fill cells, so they run out (or solve it) long before the turn limit
+
+
 def task_of(name: str, config: str = "default", seed: int = SEED, max_invalid: int = 3) -> dict:
     game = GAMES[name]
     return {"info": {"game": game.engine, "options": variants(game.textarena_id)[config], "seed": seed,
                      "max_invalid": max_invalid}}
 
 
-def opening(game: str, options: dict, seed: int) -> dict:
-    """The game's hidden state right after reset (the secret number or code)."""
+def opening(game: str, options: dict, seed: int):
+    """The game right after reset, with its hidden state (the secret number or code, the solved grid)."""
     with private_random(game):
         env = engine_class(game)(**options)
         env.reset(num_players=1, seed=seed)
-        return env.state.game_state
+        return env
 
 
 def losing_moves(task: dict) -> Iterator[str]:
@@ -42,10 +45,21 @@ def losing_moves(task: dict) -> Iterator[str]:
         return itertools.cycle(["[A B]", "[B A]"])
     if game == "lights_out":
         return itertools.repeat("[0 0]")
+    env = opening(game, options, info["seed"])
+    if game == "frozen_lake":  # back and forth between the start and a safe neighbour
+        (row, col), grid = env.state.game_state["player_pos"], env.state.game_state["grid"]
+        steps = {"down": (1, 0), "up": (-1, 0), "right": (0, 1), "left": (0, -1)}
+        back = {"down": "up", "up": "down", "right": "left", "left": "right"}
+        safe = next(m for m, (dr, dc) in steps.items() if 0 <= row + dr < len(grid) and 0 <= col + dc < len(grid)
+                    and grid[row + dr][col + dc] == " ")
+        return itertools.cycle([f"[{safe}]", f"[{back[safe]}]"])
+    if game == "sudoku":  # right digits, all but the last empty cell
+        empty = [(i, j) for i in range(9) for j in range(9) if env.game_board[i][j] == 0]
+        return iter([f"[{i + 1} {j + 1} {env.full_grid[i][j]}]" for i, j in empty[:-1]])
     if game == "guess_the_number":
-        target = opening(game, options, info["seed"])["game_number"]
+        target = env.state.game_state["game_number"]
         return (f"[{n}]" for n in range(options["min_number"], options["max_number"] + 1) if n != target)
-    code = opening(game, options, info["seed"])["secret_code"]
+    code = env.state.game_state["secret_code"]
     digits = range(1, options["num_numbers"] + 1)
     guesses = (itertools.product(digits, repeat=options["code_length"]) if options["duplicate_numbers"]
                else itertools.permutations(digits, options["code_length"]))
@@ -89,7 +103,11 @@ def test_builder_is_one_cached_class_per_game_and_unknown_names_are_refused():
         FAMILY.builder("ta_tower_of_hanoy")
 
 
-@pytest.mark.parametrize("name", sorted(GAMES))
+SLOW_TO_CHECK = {"ta_sudoku", "ta_frozen_lake"}  # 5-15 s each: boards to build, 103-reply episodes to replay
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_CHECK else n
+                                  for n in sorted(GAMES)])
 def test_every_game_passes_conformance(name):
     failed = [r.message for r in check_env(FAMILY.builder(name)) if not r.ok]
     assert not failed, failed
@@ -107,7 +125,8 @@ def test_rows_hold_the_game_and_seed_and_train_never_shares_a_seed_with_test():
     assert "Mastermind" in row["prompt"][0]["content"] and "3rd invalid move" in row["prompt"][0]["content"]
 
 
-@pytest.mark.parametrize(("name", "config"), [(n, c) for n in sorted(GAMES) for c in variants(GAMES[n].textarena_id)])
+@pytest.mark.parametrize(("name", "config"), [(n, c) for n in sorted(set(GAMES) - NO_TURN_LIMIT)
+                                              for c in variants(GAMES[n].textarena_id, GAMES[n].skip)])
 def test_a_game_of_valid_losing_moves_ends_exactly_at_the_rows_max_turns(name, config):
     """Two invalid moves, then valid ones that never win: the last reply the row allows ends the game."""
     task = task_of(name, config)
@@ -183,3 +202,31 @@ def test_bad_configs_and_rows_are_refused_naming_the_field():
         next(make_builder(bad, "typo").generate_tasks("test", size=1, seed=0))
     with pytest.raises(ValueError, match="info.game is 'chess', not one of"):
         reset({"info": {"game": "chess", "options": {}, "seed": 1, "max_invalid": 3}})
+
+
+@pytest.mark.slow
+def test_a_real_rollout_of_two_games_replays_exactly(tiny_model, tmp_path):
+    """vLLM's tiny model plays whole games (its replies held to the games' move formats, so episodes run many
+    steps, with valid and invalid moves), and `hubgym replay` reproduces every observation, reward and token."""
+    from typer.testing import CliRunner
+
+    from hubgym.cli import app
+    from hubgym.hub.rollouts import iter_rollouts
+    from hubgym.rollout.engines import SamplingArgs, VLLMEngine
+    from hubgym.rollout.run import RolloutConfig, run_rollouts
+
+    engine = VLLMEngine(str(tiny_model), max_model_len=2048, enforce_eager=True)
+    formats = {"ta_guess_the_number": r"I guess \[[1-9]\]", "ta_tower_of_hanoi": r"\[[ABC] [ABC]\]"}
+    for env, move in formats.items():
+        run_rollouts(RolloutConfig(envs=[env], model=str(tiny_model), out=str(tmp_path / env), n=2, limit=1,
+                                   sampling=SamplingArgs(max_tokens=16, regex=move), max_model_len=2048),
+                     engine=engine, progress=False)
+    engine.close()
+    rows = list(iter_rollouts([tmp_path / env for env in formats]))
+    assert {r["env"] for r in rows} == set(formats) and all(r["error"] is None for r in rows)
+    assert max(r["num_turns"] for r in rows) >= 5  # whole games, not one step
+    assert any("Invalid moves:" in m["content"] for r in rows for m in r["completion"] if m["role"] == "user")
+    shown = CliRunner().invoke(app, ["replay", *(str(tmp_path / env) for env in formats), "--model", str(tiny_model)],
+                               env={"COLUMNS": "240"})
+    assert shown.exit_code == 0, shown.output
+    assert all(env in shown.output for env in formats) and "first divergences" not in shown.output
