@@ -85,17 +85,17 @@ class Sampler:
         self.n, self.max_tokens, self.max_model_len = n, max_tokens, max_model_len
 
     def groups(self, picks: list[tuple[EnvTasks, dict]], phase: int, first: int = 0) -> list[list[dict]]:
-        """The rows of each pick's group, in pick order (policy_version = phase: each phase is its own run)."""
+        """The rows of each pick's group, in pick order (policy_version = phase; each group is its own run)."""
         from hubgym.rollout.loop import LoopContext, run_group
         from hubgym.rollout.run import RolloutConfig, to_row
 
         async def one(index: int, env: EnvTasks, task: dict) -> list[dict]:
             sampling = SamplingArgs(temperature=1.0, max_tokens=self.max_tokens, seed=phase * 1_000_003 + index)
             config = RolloutConfig(envs=[env.env], model=self.model, out="-", n=self.n, sampling=sampling,
-                                  max_model_len=self.max_model_len, policy_version=phase)
+                                   max_model_len=self.max_model_len, policy_version=phase)
             ctx = LoopContext(self.engine, self.renderer, sampling, env.verifier, self.max_model_len)
             trajs = await run_group(task, self.n, ctx)
-            run_id = f"phase{phase}"
+            run_id = f"phase{phase}-{index}"  # a task drawn twice gets other rollout ids: update() counts both
             return [to_row(t, env.verifier, run_id, config, self.engine, self.renderer) for t in trajs]
 
         async def every() -> list[list[dict]]:
