@@ -56,6 +56,7 @@ def check_many(names: list[str], *, jobs: int | None = None, timeout: float = DE
                on_done: Callable[[str], None] | None = None) -> list[CheckResult]:
     """Check every env in `names`, at most `jobs` at a time; never raises for an env's failure, crash or hang.
     `on_result` gets each result as it arrives, `on_done` each env's name when its checks are over."""
+    names = list(dict.fromkeys(names))  # an env named twice is checked once
     context = _context()
     jobs = max(1, jobs or default_jobs())
     waiting, running, finished = list(reversed(names)), {}, {}  # reversed: pop() takes them in order
