@@ -41,6 +41,8 @@ def error_text(exc: BaseException) -> str:
 
 
 CONFIGS_SHOWN = 3
+DESCRIPTION_ROOM = 30
+"""Characters of description a line keeps before the other columns are cut to their caps."""
 CATALOG_COLUMNS = (("env", 32), ("kind", 11), ("source", 13), ("configs", 28), ("tags", 24), ("tools", 20),
                    ("description", 200))
 """Config names a catalog line shows before it counts the rest: `easy, medium, hard +2`."""
@@ -59,9 +61,11 @@ def catalog_table(entries: list[EnvEntry], width: int = 160) -> Group:
     rows = [(e.name, "unavailable", e.source, "", "", "", "") if e.error else
             (e.name, e.kind, e.source, short_list(e.configs), ", ".join(e.tags) or "-", ", ".join(e.tools) or "-",
              e.description) for e in entries]
-    widths = [min(max([len(column), *(len(row[i]) for row in rows)]), widest)  # each as wide as its text, up to
-              for i, (column, widest) in enumerate(CATALOG_COLUMNS)]              # a cap; the description gets
-    room = width - 1 - _catalog_line_width(widths[:-1]) - 3                     # the rest of the line, if any
+    natural = [max([len(column), *(len(row[i]) for row in rows)]) for i, (column, _) in enumerate(CATALOG_COLUMNS)]
+    fits = _catalog_line_width(natural[:-1]) + 3 + DESCRIPTION_ROOM < width  # else each column up to its cap;
+    # the description gets the rest of the line, and is left out below 12 characters
+    widths = natural if fits else [min(n, widest) for n, (_, widest) in zip(natural, CATALOG_COLUMNS)]
+    room = width - 1 - _catalog_line_width(widths[:-1]) - 3
     columns = len(widths) if room >= 12 else len(widths) - 1
     widths[-1] = min(room, widths[-1])
     widths, rows = widths[:columns], [row[:columns] for row in rows]
