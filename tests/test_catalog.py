@@ -52,7 +52,8 @@ FAMILY_MODULE = """
     def _builder(name):
         from hubgym.builders.base import TaskBuilder
 
-        return type(name, (TaskBuilder,), {"ENV": name, "VERIFIER": "v.py", "GOLDEN": "g.jsonl", "__module__": __name__})
+        attributes = {"ENV": name, "VERIFIER": "v.py", "GOLDEN": "g.jsonl", "__module__": __name__}
+        return type(name, (TaskBuilder,), attributes)
 
 
     FAMILY = _Family()
@@ -151,7 +152,8 @@ def test_a_broken_family_is_one_row_and_nothing_else_notices(broken_family, fake
     result = hubgym("envs", "--source", "broken")
     assert result.exit_code == 0 and "broken: family hubgym_no_such_bridge:FAMILY failed to load" in result.output
     checked = hubgym("check", "--source", "broken")  # a broken family cannot pass a check run silently
-    assert checked.exit_code == 1 and "FAIL broken / load" in checked.output and "1 of 1 checks failed" in checked.output
+    assert checked.exit_code == 1 and "FAIL broken / load" in checked.output
+    assert "1 of 1 checks failed" in checked.output
 
 
 def test_the_table_is_one_line_per_env_with_long_config_lists_counted(fake_family):
@@ -223,7 +225,8 @@ def test_jobs_2_gives_the_results_of_jobs_1(tmp_path):
     two = check_many(names, jobs=2, max_rows=2)
     assert outcome(one) == outcome(two)
     assert [r.env for r in one][::len(CHECKS)] == ["baseline", "golden_disagrees", "tictactoe"]
-    assert any(not r.ok for r in one if r.env == "golden_disagrees") and all(r.ok for r in one if r.env != "golden_disagrees")
+    assert any(not r.ok for r in one if r.env == "golden_disagrees")
+    assert all(r.ok for r in one if r.env != "golden_disagrees")
 
 
 @pytest.mark.slow
@@ -235,7 +238,8 @@ def test_a_hang_and_a_crash_are_failure_rows_and_the_rest_goes_on(tmp_path):
     assert result.exit_code == 1
     text = re.sub(r"\s+", " ", result.output)
     assert ("FAIL hangs / timeout timeout: checking stopped after 30 s: the env's checks did not finish (the last to "
-            "finish was check_declaration; the next one hung) [env='hangs']. Fix: look for a loop that never ends") in text
+            "finish was check_declaration; the next one hung) [env='hangs']. Fix: look for a loop that never "
+            "ends") in text
     assert ("FAIL crashes / crash crash: the process checking this env exited with code 3 before its checks finished "
             "(the last to finish was check_declaration) [env='crashes']") in text
     assert re.search(r"fine\s+check_golden_replay\s+pass", result.output) and "FAIL fine" not in text

@@ -158,7 +158,8 @@ def _catalog_slice(source: str | None, tags: list[str]) -> tuple[list[str], list
     if not entries:
         fail(f"no env matches --source {source} --tag {' --tag '.join(tags)}; list them with `hubgym envs`")
     broken = [CheckResult(e.name, "load", False, f"load: {e.error} [env={e.name!r}]. Fix: `hubgym envs --source "
-                          f"{e.source}` shows it; fix or install what the error names", 0.0) for e in entries if e.error]
+                          f"{e.source}` shows it; fix or install what the error names", 0.0)
+              for e in entries if e.error]
     return [e.name for e in entries if not e.error], broken
 
 

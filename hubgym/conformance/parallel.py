@@ -166,7 +166,8 @@ def _timeout_row(job: _Running, timeout: float) -> CheckResult:
     last = job.results[-1].check if job.results else None
     error = EnvContractError(
         f"checking stopped after {timeout:g} s: the env's checks did not finish "
-        + (f"(the last to finish was {last}; the next one hung)" if last else "(no check finished)"), Where(env=_env_of(job)),
+        + (f"(the last to finish was {last}; the next one hung)" if last else "(no check finished)"),
+        Where(env=_env_of(job)),
         "look for a loop that never ends in generate_tasks or the verifier's step (a game that never reaches done), "
         "or give slow envs more time with --timeout", check="timeout")
     return CheckResult(_env_of(job), "timeout", False, str(error), time.perf_counter() - job.started)
