@@ -16,8 +16,9 @@ rows consumed): about 40 bytes of JSON per env config ever drawn, nothing per ro
 source lazily at its position (skipping to its block: time, not memory).
 
 Memory. The weight table (two floats per env config), the positions, and at most `max_open` open sources of
-one block each (an LRU): flat in rows, and in env configs up to the few bytes each above. Verifiers load when
-an env's first task is drawn.
+one block each (an LRU), plus up to 16 x max_open builder instances (~4 KB each) so that reopening an evicted
+source skips rows rather than rebuilding: flat in rows, and in env configs up to the few bytes each above.
+Verifiers load when an env's first task is drawn.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import random
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -34,6 +36,8 @@ from hubgym.mixture.sources import BLOCK_ROWS, MAX_OPEN, Position, SourcePool, b
 from hubgym.mixture.spec import EnvConfig, MixSpec, expand
 
 __all__ = ["Drawn", "Mixture"]
+
+FACTORIES_PER_OPEN = 16  # row factories (builder instances) kept per open source slot
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,7 @@ class Mixture:
         self._pool = SourcePool(self._opener, seed, max_open=max_open, block=block)
         self._opened: dict[str, Opened] = {}
         self._hub_envs: dict[str, Any] = {}
+        self._factories: OrderedDict[str, Any] = OrderedDict()
         self.draws = 0
         self.positions: dict[str, Position] = {}
 
@@ -206,4 +211,12 @@ class Mixture:
         if env.source == "hub":
             self._hub_env(env)
             return self._hub_envs[env.key][1]
-        return builder_rows(self._builder(env), str(env.config), self.split, env.seed, env.size)
+        # A builder instance takes ~2 ms to make and ~4 KB to keep: kept for FACTORIES_PER_OPEN x max_open env
+        # configs (an LRU of its own), so reopening an evicted source pays only its skip.
+        factory = self._factories.pop(env.key, None)
+        if factory is None:
+            factory = builder_rows(self._builder(env), str(env.config), self.split, env.seed, env.size)
+        self._factories[env.key] = factory
+        while len(self._factories) > FACTORIES_PER_OPEN * self._pool.max_open:
+            self._factories.popitem(last=False)
+        return factory
