@@ -12,7 +12,6 @@ task of that env is drawn.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -95,10 +94,13 @@ def _kind_tools(kind: str) -> tuple[str, ...]:
 
 def listing() -> Listing:
     """Built-ins and entry points (builder modules imported, nothing generated), then every registered family's
-    index. A family whose index fails to load is left out of the listing; naming one of its envs then fails
-    with the registry's own error."""
+    rows from its shipped index (its package imported only when one of its envs is drawn). A family whose index
+    fails to load is left out (`hubgym envs` shows its error); naming one of its envs then fails as the registry
+    fails."""
+    from hubgym.builders import registry
+
     rows, builders, tools = [], {}, {}
-    for name in env_names():
+    for name in registry.env_names(source=registry.BUILTIN) + registry.env_names(source=registry.ENTRY_POINT):
         try:
             builder = resolve_env(name)
         except Exception:  # noqa: BLE001 - one broken entry point must not hide the others (as `hubgym envs`)
@@ -106,21 +108,8 @@ def listing() -> Listing:
         described = _describe(builder, name)
         rows.append(FamilyEnv(name, described.kind, described.configs, described.tags, BUILTIN_SOURCE, ""))
         builders[name], tools[name] = (lambda b=builder: b), described.tools
-    for family in _families():
-        for entry in family.entries():
+    for family in registry.FAMILIES:
+        for entry in registry.family_entries_or_none(family) or []:
             rows.append(entry)
-            builders[entry.name] = lambda f=family, n=entry.name: f.builder(n)
+            builders[entry.name] = lambda n=entry.name: resolve_env(n)  # the registry asks the family, once
     return Listing(rows, builders, tools)
-
-
-def _families() -> list:
-    from hubgym.builders import registry
-
-    found = []
-    for target in getattr(registry, "FAMILIES", {}).values():
-        module, _, attr = target.partition(":")
-        try:
-            found.append(getattr(importlib.import_module(module), attr))
-        except (ImportError, AttributeError):
-            continue
-    return found
