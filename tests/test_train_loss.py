@@ -426,3 +426,27 @@ def test_policy_metrics_are_the_token_mean_of_the_whole_step(max_tokens, world_s
     for key in ("policy/is_ratio_mean", "policy/is_capped_frac"):  # a mean of means would be far off
         means = [m[key] for m in parts if m["policy/tokens"]]
         assert sum(means) / len(means) > 1.2 * closed[key], key
+
+
+PEAK_SCRIPT = """
+import resource, sys, torch
+from hubgym.train.loss import gather_logprobs
+N, V = 1024, 49152
+logits = torch.randn(1, N + 1, V, requires_grad=True)
+ids, positions = torch.randint(0, V, (1, N + 1)), torch.ones(1, N, dtype=torch.bool)
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+logprobs, _ = gather_logprobs(logits, ids, positions, with_entropy=True)
+logprobs.sum().backward()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 / (N * V * 4))
+"""
+
+
+def test_the_loss_backward_holds_at_most_four_float32_token_by_vocab_tensors_at_peak():
+    """On a GPU the (loss tokens x vocabulary) float32 tensors of the loss set its peak memory (8 GiB each at 14k
+    tokens of a 152k vocabulary): the gather's gradient must not be held while the logsumexp's backward runs."""
+    import subprocess
+    import sys
+
+    peak = float(subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True,
+                                check=True).stdout)
+    assert peak < 4.5, f"backward peaked at {peak:.2f} (N, V) float32 tensors above the logits"
