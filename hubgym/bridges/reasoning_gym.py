@@ -1,0 +1,229 @@
+"""The reasoning-gym family: every procedural generator of `reasoning-gym` as a hubgym env `rg_<name>`.
+
+    from hubgym.bridges.reasoning_gym import FAMILY, EXCLUDED
+    [e.name for e in FAMILY.entries()][:3]      # ['rg_ab', 'rg_acre', 'rg_advanced_geometry'] (no import of reasoning_gym)
+    builder = FAMILY.builder("rg_basic_arithmetic")
+    hubgym.build_tasks(builder, "easy")["test"]   # 100 rows, none of whose questions is in train
+    EXCLUDED["codeio"]                            # why a generator is not an env
+
+Each env is single_turn: the prompt is the generator's question under a system prompt asking for the answer
+inside <answer></answer>; `info` holds the generator's entry and what rebuilds its scorer (see
+hubgym.verifiers.reasoning_gym). Configs: `default` (the generator's own defaults) and, where the generator
+has a curriculum, `easy` and `hard` (its lowest and highest global level). Which generators and configs are
+bridged, with their config fields, is decided by probing the installed package (`write_index()`, see
+hubgym.bridges.reasoning_gym_probe) and shipped as JSON beside this module, so listing needs no import.
+
+Regenerate after upgrading reasoning-gym:  python -m hubgym.bridges.reasoning_gym
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Iterator
+
+from hubgym.builders.base import TaskBuilder, TaskConfig, split_seed
+from hubgym.builders.families import FamilyEnv, load_index, unknown_env
+from hubgym.errors import EnvContractError, EnvNotFoundError, Where
+from hubgym.schemas import Task, make_task, system, user
+from hubgym.verifiers.reasoning_gym import score_entry
+
+HERE = Path(__file__).parent
+INDEX = HERE / "reasoning_gym_index.json"  # FamilyEnv rows (hubgym.builders.families format)
+SPECS = HERE / "reasoning_gym_specs.json"  # per env: generator, config fields, sizes; EXCLUDED; dropped configs
+GOLDEN_DIR = HERE / "golden"
+SYSTEM_PROMPT = ("Solve the task. Think it through, then give only your final answer inside <answer></answer>, "
+                 "in the format the task asks for.")
+DRAWS_PER_ROW = 3  # a split draws at most 3 * size + 30 items to find `size` distinct questions
+DOC = """{env}: reasoning-gym's `{generator}` generator ({category}), answered in one turn.
+
+{description}
+
+Task:
+    The generator's question; reply with the final answer inside <answer></answer>.
+Row schema:
+    info = {{"generator": "{generator}", "config": the generator's config fields (JSON, no seed or size),
+    "question", "answer", "metadata": the generator's entry (metadata a JSON object)}}; interaction single_turn.
+Reward:
+    correct (weight 1): reasoning-gym's own score_answer(answer, entry) for the text of the last <answer> tag,
+    in [0, 1] (partial credit where the generator gives it); 0 without the tag or when the scorer refuses it.
+Arguments:
+    configs {configs}; sizes {sizes} (test drops questions that train holds); TaskConfig.seed.
+Version history:
+    v1: first release (reasoning-gym {version}).
+"""
+
+
+@dataclass
+class GeneratorConfig(TaskConfig):
+    """A config of one generator: its config fields (JSON; seed and size come from the split)."""
+
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class ReasoningGymTask(TaskBuilder):
+    """Base of every `rg_*` builder; `make_builder` fills GENERATOR and the class attributes."""
+
+    GENERATOR: ClassVar[str]
+    VERIFIER = "hubgym.verifiers.reasoning_gym"
+    BUILDER_CONFIG_CLASS = GeneratorConfig
+
+    def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:
+        cfg, params_json = self.config, _canonical(self.config.params)
+        banned: frozenset[str] = frozenset()
+        if split != "train" and "train" in cfg.sizes:  # no question of train in another split
+            banned = self._train_questions(params_json)
+        entries = draw_entries(self.GENERATOR, params_json, seed, size, banned, Where(self.ENV, cfg.name, split))
+        if split == "train":
+            self._drawn_train = frozenset(e["question"] for e in entries)
+        for entry in entries:
+            yield task_from_entry(self.ENV, self.GENERATOR, cfg.params, entry, cfg.name, self.TAGS)
+
+    def _train_questions(self, params_json: str) -> frozenset[str]:
+        """The train split's questions: kept from this build's train split, else drawn again."""
+        drawn = getattr(self, "_drawn_train", None)
+        if drawn is None:
+            cfg = self.config
+            entries = draw_entries(self.GENERATOR, params_json, split_seed(cfg.seed, "train"), cfg.sizes["train"],
+                                   frozenset(), Where(self.ENV, cfg.name, "train"))
+            drawn = frozenset(e["question"] for e in entries)
+        return drawn
+
+
+def task_from_entry(env: str, generator: str, params: dict[str, Any], entry: dict[str, Any],
+                    difficulty: str | None = None, tags: tuple[str, ...] = ()) -> Task:
+    """The task row of one generator entry (already checked by `checked_entry`)."""
+    info = {"generator": generator, "config": params, "question": entry["question"], "answer": entry["answer"],
+            "metadata": entry["metadata"]}
+    return make_task(env, [system(SYSTEM_PROMPT), user(entry["question"])], info, difficulty=difficulty,
+                     tags=list(tags))
+
+
+def draw_entries(generator: str, params_json: str, seed: int, size: int, banned: frozenset[str],
+                 where: Where) -> list[dict[str, Any]]:
+    """Up to `size` checked entries with distinct questions, none of them in `banned`. Fewer when the
+    generator's space is that small (deterministic all the same)."""
+    import reasoning_gym
+
+    params, banned = json.loads(params_json), set(banned)
+    limit = DRAWS_PER_ROW * size + 30
+    try:
+        dataset = reasoning_gym.create_dataset(generator, **params, seed=seed, size=limit)
+    except Exception as exc:
+        raise EnvContractError(f"reasoning-gym's {generator!r} refused its config: {type(exc).__name__}: {exc}",
+                               Where(where.env, where.config, where.split, field="params"),
+                               "regenerate the index (python -m hubgym.bridges.reasoning_gym) for the installed "
+                               "reasoning-gym") from exc
+    out: list[dict[str, Any]] = []
+    for index in range(limit):
+        entry = checked_entry(generator, params, dataset, index, where)
+        if entry["question"] not in banned:
+            banned.add(entry["question"])
+            out.append(entry)
+            if len(out) == size:
+                break
+    return out
+
+
+def checked_entry(generator: str, params: dict[str, Any], dataset: Any, index: int, where: Where) -> dict[str, Any]:
+    """Item `index` as a JSON entry, refused with one EnvContractError when the generator raises, its
+    entry is not JSON, or its own scorer does not give its own answer full marks."""
+    at = Where(where.env, where.config, where.split, f"{generator}[{index}]")
+    fix = ("leave the generator or config out: add it to the probe's exclusions and rerun "
+           "python -m hubgym.bridges.reasoning_gym")
+    try:
+        item = dataset[index]
+    except Exception as exc:
+        raise EnvContractError(f"generator {generator!r} raised {type(exc).__name__}: {exc}",
+                               _at(at, "question"), fix) from exc
+    for name in ("question", "answer"):
+        if not isinstance(item.get(name), str):
+            raise EnvContractError(f"generator {generator!r} gave {name} {item.get(name)!r}, not a string",
+                                   _at(at, name), fix)
+    try:
+        metadata = json.loads(json.dumps(item.get("metadata", {}), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise EnvContractError(f"generator {generator!r} gave metadata that is not JSON: {exc}",
+                               _at(at, "metadata"), fix) from exc
+    entry = {"question": item["question"], "answer": item["answer"], "metadata": metadata}
+    reward = score_entry(generator, params, entry["answer"], entry)
+    if reward != 1.0:
+        raise EnvContractError(f"reasoning-gym's own score_answer gives generator {generator!r}'s answer "
+                               f"{entry['answer'][:80]!r} {reward}, not 1.0"
+                               " (scored on the entry as the row stores it, after JSON)",
+                               _at(at, "answer"), fix)
+    return entry
+
+
+def _at(where: Where, field_name: str) -> Where:
+    return Where(where.env, where.config, where.split, where.row, field_name)
+
+
+def _canonical(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True)
+
+
+# -- the family ------------------------------------------------------------------------------
+
+@cache
+def load_specs() -> dict[str, Any]:
+    """The shipped specs: {"version", "envs": {env: spec}, "excluded": {generator: reason}, "dropped_configs"}."""
+    return json.loads(SPECS.read_text())
+
+
+EXCLUDED: dict[str, str] = load_specs()["excluded"]
+"""Generators that are not envs, by reasoning-gym name, with why (found by probing; see reasoning_gym_probe)."""
+
+
+def make_builder(env: str, spec: dict[str, Any], version: str) -> type[ReasoningGymTask]:
+    """The builder class of one env, from its spec (no import of reasoning_gym)."""
+    configs = [GeneratorConfig(name=name, params=params, sizes=dict(spec["sizes"][name]))
+               for name, params in spec["configs"].items()]
+    doc = DOC.format(env=env, generator=spec["generator"], category=spec["category"],
+                     description=spec["description"], configs=", ".join(spec["configs"]), version=version,
+                     sizes="; ".join(f"{n}: {s}" for n, s in spec["sizes"].items()))
+    name = "".join(part.title() for part in env.split("_"))
+    return type(name, (ReasoningGymTask,), {
+        "__doc__": doc, "__module__": __name__, "ENV": env, "GENERATOR": spec["generator"],
+        "GOLDEN": f"golden/{env}.jsonl", "TAGS": tuple(spec["tags"]), "BUILDER_CONFIGS": configs,
+    })
+
+
+class ReasoningGymFamily:
+    """The `rg_` family (hubgym.builders.families.EnvFamily)."""
+
+    name = "reasoning_gym"
+    prefix = "rg_"
+
+    def entries(self) -> list[FamilyEnv]:
+        return load_index(INDEX, source=self.name)
+
+    def builder(self, name: str) -> type[TaskBuilder]:
+        return _builder(name)
+
+
+@cache
+def _builder(name: str) -> type[ReasoningGymTask]:
+    specs = load_specs()
+    if name not in specs["envs"]:
+        generator = name.removeprefix(ReasoningGymFamily.prefix)
+        if generator in specs["excluded"]:
+            raise EnvNotFoundError(f"{name!r} is not bridged: reasoning-gym's {generator!r} {specs['excluded'][generator]}")
+        raise unknown_env(name, ReasoningGymFamily.name, sorted(specs["envs"]))
+    return make_builder(name, specs["envs"][name], specs["version"])
+
+
+FAMILY = ReasoningGymFamily()
+
+
+def write_index() -> None:
+    """Probe the installed reasoning-gym and rewrite the index, the specs and the golden files."""
+    from hubgym.bridges.reasoning_gym_probe import write_all
+
+    write_all(INDEX, SPECS, GOLDEN_DIR)
+
+
+if __name__ == "__main__":
+    write_index()

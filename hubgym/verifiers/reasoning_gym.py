@@ -1,0 +1,68 @@
+"""Verifier for the reasoning-gym bridge (`rg_*` envs): the generator's own `score_answer` on the <answer> tag.
+
+    from hubgym.verifiers.reasoning_gym import score_entry
+    score_entry("basic_arithmetic", {}, "7", {"question": "3 + 4 =", "answer": "7", "metadata": {...}})  # 1.0
+
+The task row carries everything needed to rebuild the scorer: `info.generator` (the reasoning-gym dataset
+name), `info.config` (its config fields as JSON, without seed and size), and the generator's entry
+(`info.question`, `info.answer`, `info.metadata`). The reward is what reasoning-gym's own
+`score_answer(answer, entry)` returns for the text inside the reply's last <answer></answer>, in [0, 1]
+(some generators give partial credit). A reply without the tag earns 0 and never reaches the scorer.
+
+Pure: the scorer is rebuilt from the row (seed 0: scoring never draws), kept in an in-memory cache, and
+given a copy of the entry, so a scorer that edits its input cannot change the row.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from functools import lru_cache
+from typing import Any, Callable
+
+from hubgym.schemas import Message, Task
+from hubgym.verifiers.rewards import extract_tag, final_text
+
+Entry = dict[str, Any]  # reasoning-gym's item: {"question": str, "answer": str, "metadata": dict}
+
+
+def parse_answer(task: Task, completion: list[Message]) -> str | None:
+    """The text of the final reply's last <answer></answer> block; None when there is none."""
+    return extract_tag(final_text(completion), "answer")
+
+
+def correct(task: Task, completion: list[Message]) -> float:
+    """reasoning-gym's score_answer for the tagged answer (0.0 without a tag)."""
+    answer = parse_answer(task, completion)
+    if answer is None:
+        return 0.0
+    info = task["info"]
+    entry = {"question": info["question"], "answer": info["answer"], "metadata": info["metadata"]}
+    return score_entry(info["generator"], info["config"], answer, entry)
+
+
+def score_entry(generator: str, config: dict[str, Any], answer: str, entry: Entry) -> float:
+    """The generator's own score of `answer` for `entry`, as a float in [0, 1].
+
+    A scorer that raises on the answer (its own parser refusing the text, e.g. int('abc')) has been given an
+    answer in the wrong format: that is a wrong answer, 0.0, never a crash that drops the rollout.
+    """
+    scorer = _scorer(generator, json.dumps(config, sort_keys=True))
+    try:
+        value = float(scorer(answer, copy.deepcopy(entry)))
+    except Exception:  # the generator's parser refused the model's text: a wrong answer
+        return 0.0
+    return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+
+
+@lru_cache(maxsize=256)
+def _scorer(generator: str, config_json: str) -> Callable[[str, Entry], float]:
+    """One dataset object per (generator, config), whose bound score_answer scores every row of that config."""
+    import reasoning_gym  # imported on first score: it loads every generator
+
+    return reasoning_gym.create_dataset(generator, **json.loads(config_json), seed=0, size=1).score_answer
+
+
+REWARDS = {correct: 1.0}
+REWARD_RANGE = (0.0, 1.0)

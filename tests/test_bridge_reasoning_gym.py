@@ -1,0 +1,137 @@
+"""The reasoning-gym family: its index, builders, verifier, exclusions, and conformance of every env."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from hubgym.bridges import reasoning_gym as rg
+from hubgym.bridges import reasoning_gym_probe as probe
+from hubgym.builders.build import build_tasks
+from hubgym.builders.families import load_index
+from hubgym.conformance import check_env
+from hubgym.errors import EnvContractError, EnvNotFoundError, Where
+from hubgym.schemas import assistant
+from hubgym.verifiers import reasoning_gym as verifier
+
+REPRESENTATIVE = ["rg_basic_arithmetic", "rg_word_sorting", "rg_prime_factorization", "rg_game_of_life_halting"]
+"""A plain one, one whose config fields are enums, one whose scorer raises on junk, one with partial credit."""
+
+
+def failed(results) -> list[str]:
+    return [r.message for r in results if not r.ok]
+
+
+def test_entries_list_every_bridged_generator_without_importing_it():
+    entries = rg.FAMILY.entries()
+    names = [e.name for e in entries]
+    assert len(names) == len(rg.load_specs()["envs"]) >= 90
+    assert names == sorted(names) and all(n.startswith("rg_") for n in names)
+    arithmetic = next(e for e in entries if e.name == "rg_basic_arithmetic")
+    assert arithmetic.configs == ("default", "easy", "hard") and arithmetic.kind == "single_turn"
+    assert not set(rg.EXCLUDED) & {n.removeprefix("rg_") for n in names}
+
+
+def test_builder_is_cached_and_unknown_or_excluded_names_say_why():
+    assert rg.FAMILY.builder("rg_basic_arithmetic") is rg.FAMILY.builder("rg_basic_arithmetic")
+    with pytest.raises(EnvNotFoundError, match="did you mean rg_basic_arithmetic"):
+        rg.FAMILY.builder("rg_basic_arithmetc")
+    excluded = sorted(rg.EXCLUDED)[0]
+    with pytest.raises(EnvNotFoundError, match="is not bridged"):
+        rg.FAMILY.builder("rg_" + excluded)
+
+
+@pytest.mark.parametrize("env", REPRESENTATIVE)
+def test_representative_envs_pass_conformance(env):
+    assert failed(check_env(rg.FAMILY.builder(env), configs=["easy"], max_rows=20)) == []
+
+
+def test_rows_carry_the_entry_and_test_holds_no_train_question():
+    tasks = build_tasks(rg.FAMILY.builder("rg_basic_arithmetic"), "easy")
+    train, test = tasks["train"].to_list(), tasks["test"].to_list()
+    assert len(test) == 100 and len(train) >= 100
+    assert not {r["info"]["question"] for r in train} & {r["info"]["question"] for r in test}
+    info = test[0]["info"]
+    assert set(info) == {"generator", "config", "question", "answer", "metadata"}
+    assert info["generator"] == "basic_arithmetic" and info["config"] == {"max_terms": 2, "max_digits": 1}
+    assert "<answer></answer>" in test[0]["prompt"][0]["content"] and test[0]["prompt"][1]["content"] == info["question"]
+    score = rg.FAMILY.builder("rg_basic_arithmetic").verifier().score
+    assert score(test[0], [assistant(f"<answer>{info['answer']}</answer>")]).reward == 1.0
+    assert score(test[0], [assistant("<answer>no idea</answer>")]).reward == 0.0
+    assert score(test[0], [assistant(f"The answer is {info['answer']}")]).reward == 0.0
+
+
+@pytest.mark.parametrize("env", REPRESENTATIVE)
+def test_golden_cases_reward_the_generator_answer_fully_and_a_wrong_one_nothing(env):
+    cases = {c.name: c for c in rg.FAMILY.builder(env).golden_cases()}
+    score = rg.FAMILY.builder(env).verifier().score
+    right, wrong = cases["the generator's answer to item 0"], cases["a wrong answer"]
+    assert score(right.task, right.completion).reward == right.reward == 1.0
+    assert score(wrong.task, wrong.completion).reward == wrong.reward == 0.0
+
+
+def test_scorer_that_raises_on_an_answer_scores_it_zero():
+    entry = {"question": "Find the prime factorization of 15.", "answer": "3 × 5", "metadata": {"number": 15}}
+    assert verifier.score_entry("prime_factorization", {}, "3 × 5", entry) == 1.0
+    assert verifier.score_entry("prime_factorization", {}, "zzqx", entry) == 0.0  # its int() parser raises
+
+
+def test_bad_generator_output_is_one_error_naming_env_config_split_row_and_field():
+    class AnswerlessDataset:
+        def __getitem__(self, index):
+            return {"question": "q", "answer": None, "metadata": {}}
+
+    with pytest.raises(EnvContractError) as info:
+        rg.checked_entry("boxnet", {}, AnswerlessDataset(), 4, Where("rg_boxnet", "easy", "test"))
+    assert info.value.where == Where("rg_boxnet", "easy", "test", "boxnet[4]", "answer")
+
+    class NonJsonDataset:
+        def __getitem__(self, index):
+            return {"question": "q", "answer": "a", "metadata": {"when": object()}}
+
+    with pytest.raises(EnvContractError, match="metadata that is not JSON") as info:
+        rg.checked_entry("ab", {}, NonJsonDataset(), 0, Where("rg_ab", "default", "train"))
+    assert info.value.where.field == "metadata"
+
+
+EXCLUSION_SAMPLE = ["boxnet", "codeio", "composite", "graph_color", "list_functions"]
+
+
+@pytest.mark.parametrize("generator", EXCLUSION_SAMPLE)
+def test_excluded_generators_fail_as_stated(generator):
+    with pytest.raises(probe.ProbeFailure) as info:
+        probe.probe_generator(generator)
+    assert str(info.value) == rg.EXCLUDED[generator]
+
+
+@pytest.mark.slow
+def test_shipped_index_specs_and_golden_files_match_the_installed_package():
+    envs, excluded, dropped = probe.probe_all()
+    assert rg.SPECS.read_text() == probe.specs_text(envs, excluded, dropped)
+    assert load_index(rg.INDEX, "reasoning_gym") == sorted(probe.family_entries(envs), key=lambda e: e.name)
+    for env, spec in envs.items():
+        assert (rg.GOLDEN_DIR / f"{env}.jsonl").read_text() == probe.golden_text(env, spec), env
+    assert sorted(p.stem for p in rg.GOLDEN_DIR.glob("rg_*.jsonl")) == sorted(envs)
+
+
+def sampled(env: str, sizes: dict[str, int]) -> type:
+    """The env's builder with its default config only, at `sizes` (same checks, fewer rows to build)."""
+    cls = rg.FAMILY.builder(env)
+    default = cls.BUILDER_CONFIGS[0]
+    config = rg.GeneratorConfig(name=default.name, params=default.params, seed=default.seed, sizes=sizes)
+    return type(cls.__name__, (cls,), {"BUILDER_CONFIGS": [config], "__module__": cls.__module__})
+
+
+@pytest.mark.slow
+def test_every_bridged_env_passes_conformance():
+    """Every env, sampled: its default config at 40 train / 10 test rows (the full check of all configs at
+    full size is `hubgym check --source reasoning_gym`); prints the time it took."""
+    start, failures = time.perf_counter(), {}
+    for entry in rg.FAMILY.entries():
+        messages = failed(check_env(sampled(entry.name, {"train": 40, "test": 10}), max_rows=10))
+        if messages:
+            failures[entry.name] = messages[0]
+    print(f"conformance of {len(rg.FAMILY.entries())} rg envs: {time.perf_counter() - start:.0f} s")
+    assert failures == {}, json.dumps(failures, indent=1)
