@@ -179,16 +179,21 @@ EXCLUDED: dict[str, str] = load_specs()["excluded"]
 
 def make_builder(env: str, spec: dict[str, Any], version: str) -> type[ReasoningGymTask]:
     """The builder class of one env, from its spec (no import of reasoning_gym)."""
-    configs = [GeneratorConfig(name=name, params=params, sizes=dict(spec["sizes"][name]))
+    configs = [GeneratorConfig(name=name, params=params, sizes=_train_first(spec["sizes"][name]))
                for name, params in spec["configs"].items()]
     doc = DOC.format(env=env, generator=spec["generator"], category=spec["category"],
                      description=spec["description"], configs=", ".join(spec["configs"]), version=version,
-                     sizes="; ".join(f"{n}: {s}" for n, s in spec["sizes"].items()))
+                     sizes="; ".join(f"{n}: {_train_first(s)}" for n, s in spec["sizes"].items()))
     name = "".join(part.title() for part in env.split("_"))
     return type(name, (ReasoningGymTask,), {
         "__doc__": doc, "__module__": __name__, "ENV": env, "GENERATOR": spec["generator"],
         "GOLDEN": f"golden/{env}.jsonl", "TAGS": tuple(spec["tags"]), "BUILDER_CONFIGS": configs,
     })
+
+
+def _train_first(sizes: dict[str, int]) -> dict[str, int]:
+    """Splits in build order, train first: the other splits then reuse its questions instead of drawing them."""
+    return dict(sorted(sizes.items(), key=lambda item: item[0] != "train"))
 
 
 class ReasoningGymFamily:
