@@ -28,12 +28,12 @@ def one_line(text: str) -> str:
 
 
 def test_envs_lists_builtins_without_building(tmp_path):
-    result = hubgym("envs")
+    result = hubgym("envs", "--source", "builtin")
     assert result.exit_code == 0
     row = next(line for line in result.output.splitlines() if line.strip().startswith("arithmetic"))
-    assert row.split()[:5] == ["arithmetic", "v1", "single_turn", "easy", "train=150"]
-    assert "hubgym.verifiers.arithmetic" in row
-    assert "medium" in result.output and "train=1000 test=100" in result.output
+    assert row.split()[:7] == ["arithmetic", "single_turn", "builtin", "easy,", "medium,", "hard", "+2"]
+    assert "math, arithmetic, procedural" in row
+    assert "rg_" not in result.output and "7 builtin" in result.output
 
 
 def test_build_writes_parquet_that_datasets_loads(tmp_path):

@@ -1,8 +1,25 @@
-"""Builders: TaskBuilder (a datasets GeneratorBasedBuilder), the env registry, and one module per built-in env."""
+"""Builders: TaskBuilder (a datasets GeneratorBasedBuilder), the env registry, and one module per built-in env.
 
-from hubgym.builders.base import TaskBuilder, TaskConfig, split_seed
-from hubgym.builders.build import build_files, build_tasks, make_builder
-from hubgym.builders.registry import BUILTIN_ENVS, env_names, resolve_env
+Names load on first use, so listing the catalog (`hubgym envs`) does not import datasets.
+"""
 
-__all__ = ["BUILTIN_ENVS", "TaskBuilder", "TaskConfig", "build_files", "build_tasks", "env_names", "make_builder",
-           "resolve_env", "split_seed"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "TaskBuilder": "hubgym.builders.base", "TaskConfig": "hubgym.builders.base", "split_seed": "hubgym.builders.base",
+    "build_files": "hubgym.builders.build", "build_tasks": "hubgym.builders.build",
+    "make_builder": "hubgym.builders.build",
+    "BUILTIN_ENVS": "hubgym.builders.registry", "env_names": "hubgym.builders.registry",
+    "resolve_env": "hubgym.builders.registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'hubgym.builders' has no attribute {name!r}")

@@ -42,26 +42,37 @@ def fail(message: str) -> NoReturn:
 
 def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Show hubgym errors and failed dataset builds (with the builder's own error) as one red line."""
-    from datasets.exceptions import DatasetGenerationError
-
-    from hubgym.views import error_text
-
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except (HubgymError, DatasetGenerationError) as exc:
+        except Exception as exc:
+            if not isinstance(exc, HubgymError) and not _failed_dataset_build(exc):
+                raise
+            from hubgym.views import error_text
+
             fail(error_text(exc))
     return run
 
 
+def _failed_dataset_build(exc: Exception) -> bool:
+    """A datasets build error (datasets is imported only by commands that build: if it is not loaded, it is not one)."""
+    errors = sys.modules.get("datasets.exceptions")
+    return errors is not None and isinstance(exc, errors.DatasetGenerationError)
+
+
 @app.callback()
 def _quiet_datasets() -> None:
-    """datasets' own progress bars and logs would interleave with ours."""
-    import datasets
+    """datasets' own progress bars and logs would interleave with ours (set without importing datasets: commands
+    that list or read only never load it)."""
+    if "datasets" in sys.modules:
+        import datasets
 
-    datasets.disable_progress_bars()
-    datasets.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
+        datasets.logging.set_verbosity_error()
+    else:
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+        os.environ.setdefault("DATASETS_VERBOSITY", "error")
 
 
 PIN_HELP = "REPO=sha256:<hex>: the verifier a hub env must have (repeatable)"
