@@ -135,3 +135,8 @@ def test_every_bridged_env_passes_conformance():
             failures[entry.name] = messages[0]
     print(f"conformance of {len(rg.FAMILY.entries())} rg envs: {time.perf_counter() - start:.0f} s")
     assert failures == {}, json.dumps(failures, indent=1)
+
+
+def test_a_generator_that_follows_the_hash_seed_is_excluded_as_stated():
+    assert probe.hash_seed_sensitive(["isomorphic_strings", "basic_arithmetic"]) == ["isomorphic_strings"]
+    assert rg.EXCLUDED["isomorphic_strings"] == probe.HASH_SEED_REASON

@@ -21,6 +21,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +79,38 @@ def probe_all() -> tuple[dict[str, Any], dict[str, str], dict[str, dict[str, str
         envs[PREFIX + generator] = spec
         if not_kept:
             dropped[PREFIX + generator] = not_kept
-    return envs, excluded, dropped
+    for generator in hash_seed_sensitive([spec["generator"] for spec in envs.values()]):
+        del envs[PREFIX + generator]
+        dropped.pop(PREFIX + generator, None)
+        excluded[generator] = HASH_SEED_REASON
+    return envs, dict(sorted(excluded.items())), dropped
+
+
+HASH_SEED_REASON = ("nondeterministic across processes: the same seed gives other items under another "
+                    "PYTHONHASHSEED (it iterates over a set or hashes strings)")
+MARK = "HUBGYM-PROBE-RESULT "
+
+
+def hash_seed_sensitive(generators: list[str]) -> list[str]:
+    """Generators whose default-config items change with Python's per-process hash seed: sampled in two
+    subprocesses (PYTHONHASHSEED 1 and 2), since builds in one process always agree with each other."""
+    samples = []
+    for hash_seed in ("1", "2"):
+        done = subprocess.run([sys.executable, "-m", "hubgym.bridges.reasoning_gym_probe", *generators],
+                              env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True,
+                              check=True)
+        samples.append(json.loads(done.stdout.rsplit(MARK, 1)[1]))  # generators print to stdout too
+    return [g for g in generators if samples[0][g] != samples[1][g]]
+
+
+def sample_items(generator: str) -> str:
+    """The first items (20; 5 of a slow generator) of the default config at the probe seed, as text."""
+    import reasoning_gym
+
+    items = 5 if generator in SMALL else 20
+
+    dataset = reasoning_gym.create_dataset(generator, seed=PROBE_SEED, size=items)
+    return json.dumps([dataset[i] for i in range(items)], sort_keys=True, default=repr)
 
 
 def probe_generator(generator: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -236,3 +270,7 @@ def write_all(index: Path, specs: Path, golden_dir: Path) -> None:
             stale.unlink()
     atomic_write_bytes(specs, specs_text(envs, excluded, dropped).encode())
     write_index(index, family_entries(envs))
+
+
+if __name__ == "__main__":  # the subprocess of hash_seed_sensitive
+    print("\n" + MARK + json.dumps({generator: sample_items(generator) for generator in sys.argv[1:]}))
