@@ -55,7 +55,8 @@ def test_rows_carry_the_entry_and_test_holds_no_train_question():
     assert not {r["info"]["question"] for r in train} & {r["info"]["question"] for r in test}
     info = test[0]["info"]
     assert set(info) == {"generator", "config", "question", "answer", "metadata"}
-    assert info["generator"] == "basic_arithmetic" and info["config"] == {"max_terms": 2, "max_digits": 1}
+    assert info["generator"] == "basic_arithmetic" and json.loads(info["config"]) == {"max_terms": 2, "max_digits": 1}
+    assert json.loads(info["metadata"])["source_dataset"] == "basic_arithmetic"
     assert "<answer></answer>" in test[0]["prompt"][0]["content"] and test[0]["prompt"][1]["content"] == info["question"]
     score = rg.FAMILY.builder("rg_basic_arithmetic").verifier().score
     assert score(test[0], [assistant(f"<answer>{info['answer']}</answer>")]).reward == 1.0
@@ -121,7 +122,8 @@ def sampled(env: str, sizes: dict[str, int]) -> type:
     cls = rg.FAMILY.builder(env)
     default = cls.BUILDER_CONFIGS[0]
     config = rg.GeneratorConfig(name=default.name, params=default.params, seed=default.seed, sizes=sizes)
-    return type(cls.__name__, (cls,), {"BUILDER_CONFIGS": [config], "__module__": cls.__module__})
+    attributes = {"BUILDER_CONFIGS": [config], "__module__": cls.__module__, "__doc__": cls.__doc__}
+    return type(cls.__name__, (cls,), attributes)
 
 
 @pytest.mark.slow

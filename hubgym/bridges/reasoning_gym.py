@@ -44,8 +44,8 @@ DOC = """{env}: reasoning-gym's `{generator}` generator ({category}), answered i
 Task:
     The generator's question; reply with the final answer inside <answer></answer>.
 Row schema:
-    info = {{"generator": "{generator}", "config": the generator's config fields (JSON, no seed or size),
-    "question", "answer", "metadata": the generator's entry (metadata a JSON object)}}; interaction single_turn.
+    info = {{"generator": "{generator}", "config": the generator's config fields (JSON text, no seed or size),
+    "question", "answer", "metadata": the generator's entry (metadata as JSON text)}}; interaction single_turn.
 Reward:
     correct (weight 1): reasoning-gym's own score_answer(answer, entry) for the text of the last <answer> tag,
     in [0, 1] (partial credit where the generator gives it); 0 without the tag or when the scorer refuses it.
@@ -95,8 +95,10 @@ class ReasoningGymTask(TaskBuilder):
 def task_from_entry(env: str, generator: str, params: dict[str, Any], entry: dict[str, Any],
                     difficulty: str | None = None, tags: tuple[str, ...] = ()) -> Task:
     """The task row of one generator entry (already checked by `checked_entry`)."""
-    info = {"generator": generator, "config": params, "question": entry["question"], "answer": entry["answer"],
-            "metadata": entry["metadata"]}
+    # config and metadata as JSON text: the info column stores floats to ~10 digits and not stably, so as
+    # objects they would change on a round trip (and with them the row's id and what the scorer sees)
+    info = {"generator": generator, "config": json.dumps(params, sort_keys=True), "question": entry["question"],
+            "answer": entry["answer"], "metadata": json.dumps(entry["metadata"], sort_keys=True)}
     return make_task(env, [system(SYSTEM_PROMPT), user(entry["question"])], info, difficulty=difficulty,
                      tags=list(tags))
 

@@ -4,8 +4,9 @@
     score_entry("basic_arithmetic", {}, "7", {"question": "3 + 4 =", "answer": "7", "metadata": {...}})  # 1.0
 
 The task row carries everything needed to rebuild the scorer: `info.generator` (the reasoning-gym dataset
-name), `info.config` (its config fields as JSON, without seed and size), and the generator's entry
-(`info.question`, `info.answer`, `info.metadata`). The reward is what reasoning-gym's own
+name), `info.config` (its config fields as JSON text, without seed and size), and the generator's entry
+(`info.question`, `info.answer`, `info.metadata` as JSON text: floats survive exactly, which the info column's
+own float encoding does not guarantee). The reward is what reasoning-gym's own
 `score_answer(answer, entry)` returns for the text inside the reply's last <answer></answer>, in [0, 1]
 (some generators give partial credit). A reply without the tag earns 0 and never reaches the scorer.
 
@@ -38,8 +39,8 @@ def correct(task: Task, completion: list[Message]) -> float:
     if answer is None:
         return 0.0
     info = task["info"]
-    entry = {"question": info["question"], "answer": info["answer"], "metadata": info["metadata"]}
-    return score_entry(info["generator"], info["config"], answer, entry)
+    entry = {"question": info["question"], "answer": info["answer"], "metadata": json.loads(info["metadata"])}
+    return score_entry(info["generator"], json.loads(info["config"]), answer, entry)
 
 
 def score_entry(generator: str, config: dict[str, Any], answer: str, entry: Entry) -> float:
