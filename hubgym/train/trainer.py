@@ -99,14 +99,21 @@ class Trainer:
         return group_settings(self.cfg)
 
     def env_weights(self) -> dict[str, float]:
-        """Mixture weights by env name (the names rows carry), from the `envs` specs."""
-        from hubgym.resolve import load_env_tasks
+        """Mixture weights by env name (the names rows carry), from the `envs` entries (selectors expanded; two
+        configs of one env add up: rows carry the env name only). Nothing is generated."""
+        return self._mixture(self.cfg.eval.split).weights_by_env()
 
-        names = {}
-        for mix in self.cfg.envs:
-            env = load_env_tasks(mix.name, self.cfg.eval.split, 1, hub=self.hub, trust=self.trust, pins=self.pins).env
-            names[env] = names.get(env, 0.0) + mix.weight  # two configs of one env: rows carry the env name only
-        return names
+    def eval_envs(self) -> list[str]:
+        """The env configs evaluated (ENV:CONFIG), one per config the `envs` entries select."""
+        return [env.ref if env.config is None else f"{env.ref}:{env.config}"
+                for env in self._mixture(self.cfg.eval.split).envs]
+
+    def _mixture(self, split: str):
+        from hubgym.mixture import Mixture
+        from hubgym.train.online import mixture_spec
+
+        return Mixture.from_spec(mixture_spec(self.cfg.envs), split=split, seed=self.cfg.seed, hub=self.hub,
+                                 trust=self.trust, pins=self.pins)
 
     # -- the run ----------------------------------------------------------------------------------
 
@@ -312,16 +319,17 @@ class Trainer:
 
     def _producer(self):
         from hubgym.rollout.engines import SamplingArgs
-        from hubgym.train.online import OnlineProducer
+        from hubgym.train.online import OnlineProducer, difficulty_filter
 
         s = self.cfg.sampling
-        return OnlineProducer([(m.name, m.weight) for m in self.cfg.envs], split=self.cfg.online.split,
+        return OnlineProducer(list(self.cfg.envs), split=self.cfg.online.split,
                               model=self.model_dir(), out_dir=self.out / "online", n=self.cfg.grpo.n,
                               sampling=SamplingArgs(temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens,
                                                     seed=self.cfg.seed),
                               max_model_len=self.cfg.online.max_model_len, seed=self.cfg.seed, hub=self.hub,
                               trust=self.trust, pins=self.pins, stop=self.worker.stopping,
-                              chat_options=self._chat_options())
+                              chat_options=self._chat_options(),
+                              task_filter=difficulty_filter(self.cfg.online, hub=self.hub))
 
     def _chat_options(self) -> dict[str, Any]:
         """How online and evaluation rollouts render and read the chat (train config `sampling`)."""
@@ -366,7 +374,7 @@ class Trainer:
             return {}
         self.worker.drain()  # nothing else uses the engine while evaluating
         e = self.cfg.eval
-        metrics = evaluate(self.engine(), [m.name for m in self.cfg.envs], model=self.model_dir(),
+        metrics = evaluate(self.engine(), self.eval_envs(), model=self.model_dir(),
                            out=self.out / "eval", step=step, split=e.split, limit=e.limit, n=e.n,
                            temperature=e.temperature, max_tokens=self.cfg.sampling.max_tokens, seed=self.cfg.seed,
                            max_model_len=self.cfg.online.max_model_len, hub=self.hub, trust=self.trust,
