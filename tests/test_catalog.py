@@ -113,7 +113,7 @@ def test_builtins_come_first_then_families(fake_family):
     names = [r.name for r in catalog() if not r.error]
     assert names[:len(registry.BUILTIN_ENVS)] == list(registry.BUILTIN_ENVS)
     assert names.index("fk_task_0000") > names.index("reverse_text")
-    assert catalog(source="builtin", tags=["game"], kind="multi_turn")[0].name == "wordle"
+    assert catalog(source="builtin", tags=["games"], kind="multi_turn")[0].name == "wordle"
 
 
 def test_env_names_hold_family_envs_without_building_any(fake_family):

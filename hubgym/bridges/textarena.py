@@ -66,21 +66,21 @@ class Game:
 
 
 GAMES: dict[str, Game] = {
-    "ta_frozen_lake": Game("frozen_lake", "FrozenLake-v0", "Frozen Lake", ("game", "puzzle", "grid", "navigation"),
+    "ta_frozen_lake": Game("frozen_lake", "FrozenLake-v0", "Frozen Lake", ("games", "puzzle", "grid", "navigation"),
                            "walk across a frozen lake to the goal without falling into a hole (TextArena FrozenLake)",
                            turn_limit=100),
     "ta_guess_the_number": Game("guess_the_number", "GuessTheNumber-v0", "Guess The Number",
-                                ("game", "puzzle", "search"),
+                                ("games", "puzzle", "search"),
                                 "find a secret number from higher/lower hints (TextArena GuessTheNumber)"),
-    "ta_lights_out": Game("lights_out", "LightsOut-v0", "Lights Out", ("game", "puzzle", "grid"),
+    "ta_lights_out": Game("lights_out", "LightsOut-v0", "Lights Out", ("games", "puzzle", "grid"),
                           "switch off every light of a 5x5 grid where a press toggles its neighbours (TextArena LightsOut)",
                           extra_move=0, may_not_open=True),
-    "ta_mastermind": Game("mastermind", "Mastermind-v0", "Mastermind", ("game", "puzzle", "deduction"),
+    "ta_mastermind": Game("mastermind", "Mastermind-v0", "Mastermind", ("games", "puzzle", "deduction"),
                           "crack a secret digit code from black/white peg feedback (TextArena Mastermind)"),
-    "ta_sudoku": Game("sudoku", "Sudoku-v0", "Sudoku", ("game", "puzzle", "grid", "logic"),
+    "ta_sudoku": Game("sudoku", "Sudoku-v0", "Sudoku", ("games", "puzzle", "grid", "logic"),
                       "fill a 9x9 Sudoku grid one cell at a time (TextArena Sudoku)", skip=("hard",),
                       sizes={"train": 100, "test": 25}),
-    "ta_tower_of_hanoi": Game("tower_of_hanoi", "TowerOfHanoi-v0", "Tower of Hanoi", ("game", "puzzle", "planning"),
+    "ta_tower_of_hanoi": Game("tower_of_hanoi", "TowerOfHanoi-v0", "Tower of Hanoi", ("games", "puzzle", "planning"),
                               "move a disk tower from A to C one disk at a time (TextArena TowerOfHanoi; one fixed "
                               "puzzle per config)", sizes={"train": 1, "test": 1}),
 }

@@ -73,7 +73,7 @@ class TicTacToe(TaskBuilder):
     __doc__ = __doc__
     ENV = "tictactoe"
     KIND = "multi_turn"
-    TAGS = ("game", "board", "procedural")
+    TAGS = ("games", "board", "procedural")
     VERIFIER = "hubgym.verifiers.tictactoe"
     GOLDEN = "golden/tictactoe.jsonl"
     BUILDER_CONFIG_CLASS = TicTacToeConfig

@@ -57,7 +57,7 @@ class Wordle(TaskBuilder):
     __doc__ = __doc__
     ENV = "wordle"
     KIND = "multi_turn"
-    TAGS = ("game", "puzzle", "words")
+    TAGS = ("games", "puzzle", "words")
     VERIFIER = "hubgym.verifiers.wordle"
     GOLDEN = "golden/wordle.jsonl"
     BUILDER_CONFIG_CLASS = WordleConfig
