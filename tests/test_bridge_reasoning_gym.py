@@ -142,3 +142,23 @@ def test_every_bridged_env_passes_conformance():
 def test_a_generator_that_follows_the_hash_seed_is_excluded_as_stated():
     assert probe.hash_seed_sensitive(["isomorphic_strings", "basic_arithmetic"]) == ["isomorphic_strings"]
     assert rg.EXCLUDED["isomorphic_strings"] == probe.HASH_SEED_REASON
+
+
+def test_a_mixture_drawing_one_task_of_a_family_env_generates_one_item_not_its_split(monkeypatch):
+    """Opening a slow generator's env must not generate its whole split (nor a shuffle block): a batch over all of
+    the family's configs would take hours."""
+    import hubgym.bridges.reasoning_gym as bridge
+    from hubgym.mixture import Mixture, parse_spec
+
+    generated = []
+    real = bridge.checked_entry
+
+    def counting(generator, params, dataset, index, where):
+        generated.append(index)
+        return real(generator, params, dataset, index, where)
+
+    monkeypatch.setattr(bridge, "checked_entry", counting)
+    mixture = Mixture.from_spec(parse_spec([{"name": "rg_basic_arithmetic:default"}]), split="train", seed=0)
+    drawn = mixture.take(1)
+    assert len(drawn) == 1 and drawn[0].task["env"] == "rg_basic_arithmetic"
+    assert generated == [0]

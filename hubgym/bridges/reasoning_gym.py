@@ -69,17 +69,19 @@ class ReasoningGymTask(TaskBuilder):
     GENERATOR: ClassVar[str]
     VERIFIER = "hubgym.verifiers.reasoning_gym"
     BUILDER_CONFIG_CLASS = GeneratorConfig
+    ROWS_IN_RANDOM_ORDER = True  # each row from its own seed: a mixture need not shuffle them
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:
         cfg, params_json = self.config, _canonical(self.config.params)
         banned: frozenset[str] = frozenset()
         if split != "train" and "train" in cfg.sizes:  # no question of train in another split
             banned = self._train_questions(params_json)
-        entries = draw_entries(self.GENERATOR, params_json, seed, size, banned, Where(self.ENV, cfg.name, split))
-        if split == "train":
-            self._drawn_train = frozenset(e["question"] for e in entries)
-        for entry in entries:
+        questions = []
+        for entry in iter_entries(self.GENERATOR, params_json, seed, size, banned, Where(self.ENV, cfg.name, split)):
+            questions.append(entry["question"])
             yield task_from_entry(self.ENV, self.GENERATOR, cfg.params, entry, cfg.name, self.TAGS)
+        if split == "train":  # the whole split was read: the test split of this build excludes these questions
+            self._drawn_train = frozenset(questions)
 
     def _train_questions(self, params_json: str) -> frozenset[str]:
         """The train split's questions: kept from this build's train split, else drawn again."""
@@ -107,6 +109,13 @@ def draw_entries(generator: str, params_json: str, seed: int, size: int, banned:
                  where: Where) -> list[dict[str, Any]]:
     """Up to `size` checked entries with distinct questions, none of them in `banned`. Fewer when the
     generator's space is that small (deterministic all the same)."""
+    return list(iter_entries(generator, params_json, seed, size, banned, where))
+
+
+def iter_entries(generator: str, params_json: str, seed: int, size: int, banned: frozenset[str],
+                 where: Where) -> Iterator[dict[str, Any]]:
+    """`draw_entries` one at a time: a task mixture that draws a few rows of an env generates only those
+    (a split of a slow generator takes minutes to generate whole)."""
     import reasoning_gym
 
     params, banned = json.loads(params_json), set(banned)
@@ -118,15 +127,15 @@ def draw_entries(generator: str, params_json: str, seed: int, size: int, banned:
                                Where(where.env, where.config, where.split, field="params"),
                                "regenerate the index (python -m hubgym.bridges.reasoning_gym) for the installed "
                                "reasoning-gym") from exc
-    out: list[dict[str, Any]] = []
+    drawn = 0
     for index in range(limit):
+        if drawn == size:
+            return
         entry = checked_entry(generator, params, dataset, index, where)
         if entry["question"] not in banned:
             banned.add(entry["question"])
-            out.append(entry)
-            if len(out) == size:
-                break
-    return out
+            drawn += 1
+            yield entry
 
 
 def checked_entry(generator: str, params: dict[str, Any], dataset: Any, index: int, where: Where) -> dict[str, Any]:

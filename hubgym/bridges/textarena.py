@@ -126,6 +126,7 @@ class TextArenaGame(TaskBuilder):
     KIND = "multi_turn"
     VERIFIER = VERIFIER
     BUILDER_CONFIG_CLASS = TextArenaConfig
+    ROWS_IN_RANDOM_ORDER = True  # each row from its own seed: a mixture need not shuffle them
     GAME: Game
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:

@@ -49,6 +49,9 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     VERIFIER: ClassVar[str]  # dotted module name, or a .py path relative to the builder's file
     GOLDEN: ClassVar[str]  # golden cases (JSONL), relative to the builder's file
     TOOLS: ClassVar[tuple[str, ...]] = ()  # tools its rows may offer (for the catalog)
+    # True when each row is an independent random draw (a procedural generator seeded per row): a task mixture
+    # then serves rows in generated order instead of shuffling them in blocks, so opening the env costs one row.
+    ROWS_IN_RANDOM_ORDER: ClassVar[bool] = False
     TAGS: ClassVar[tuple[str, ...]] = ()  # free-form lowercase words the catalog filters on: ("math", "games")
 
     BUILDER_CONFIG_CLASS = TaskConfig

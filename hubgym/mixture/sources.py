@@ -93,10 +93,11 @@ class SourcePool:
     """At most `max_open` OpenSources, least recently used evicted first; `opens` counts every open."""
 
     def __init__(self, opener: Callable[[Any], Callable[[], Iterator[dict]]], seed: int, max_open: int = MAX_OPEN,
-                 block: int = BLOCK_ROWS):
+                 block: int = BLOCK_ROWS, block_of: Callable[[Any], int] | None = None):
         if max_open < 1:
             raise ValueError(f"max_open={max_open}: keep at least one source open")
         self._opener, self._seed, self.max_open, self._block = opener, seed, max_open, block
+        self._block_of = block_of  # an env config's own block size (1: rows already in random order)
         self._open: OrderedDict[str, OpenSource] = OrderedDict()
         self.opens = 0
         self.most_open = 0  # the largest number open at once (the memory bound's witness)
@@ -108,7 +109,8 @@ class SourcePool:
             return found
         while len(self._open) >= self.max_open:
             self._open.popitem(last=False)[1].close()
-        opened = OpenSource(env.key, self._opener(env), self._seed, self._block)
+        rows = self._opener(env)
+        opened = OpenSource(env.key, rows, self._seed, self._block_of(env) if self._block_of else self._block)
         self._open[env.key] = opened
         self.opens += 1
         self.most_open = max(self.most_open, len(self._open))

@@ -72,7 +72,8 @@ class Mixture:
         self.max_rejections = max_rejections
         self._listing, self._hub, self._trust, self._pins = listing, hub, trust, dict(pins or {})
         self._cumulative = list(itertools.accumulate(e.weight for e in envs))
-        self._pool = SourcePool(self._opener, seed, max_open=max_open, block=block)
+        self._pool = SourcePool(self._opener, seed, max_open=max_open, block=block, block_of=self._block_of)
+        self._block = block
         self._opened: dict[str, Opened] = {}
         self._hub_envs: dict[str, Any] = {}
         self._factories: OrderedDict[str, Any] = OrderedDict()
@@ -206,6 +207,13 @@ class Mixture:
             self._hub_envs[env.key] = hub_rows(env.ref, env.config, self.split, hub=self._hub, trust=self._trust,
                                                pin=self._pins.get(env.ref.split("@")[0]))
         return self._hub_envs[env.key][0]
+
+    def _block_of(self, env: EnvConfig) -> int:
+        """Rows shuffled together: none for a builder whose rows are random draws already (its class says so),
+        so a slow procedural generator is not asked for a whole block to serve one row."""
+        if env.source != "hub" and getattr(self._builder(env), "ROWS_IN_RANDOM_ORDER", False):
+            return 1
+        return self._block
 
     def _opener(self, env: EnvConfig):
         if env.source == "hub":
