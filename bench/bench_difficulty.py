@@ -1,6 +1,6 @@
 """Does sampling by difficulty give GRPO more groups to learn from? Uniform draws against DifficultyBand draws.
 
-    python bench/bench_difficulty.py                                                              # SmolLM2, 64 groups a side
+    python bench/bench_difficulty.py                                              # SmolLM2, 64 groups a side
     python bench/bench_difficulty.py --model tiny --groups 16 --per-config 4      # a quick check of the script
 
 A GRPO group of n samples of one task teaches the policy only when its rewards differ (variance > 0). On a
