@@ -18,8 +18,11 @@ pytestmark = pytest.mark.slow
 
 def test_one_step_of_grpo_on_smollm2_trains_and_syncs_into_vllm(smollm2_model, tmp_path):
     cfg = load_config("smollm2-sums", [
-        f"output_dir={tmp_path}", "online.steps=1", "grpo.n=4", "batch.groups_per_step=2", "sampling.max_tokens=12",
-        "grpo.zero_variance=keep",  # one step must train whatever the rewards were
+        # 4 groups of 4 with room for an answer (32 tokens: the model's base rate is about 1 in 4 there), so the
+        # step has a group whose rewards differ whichever sums the mixture draws (a group that all scored the same
+        # has zero advantage and no gradient)
+        f"output_dir={tmp_path}", "online.steps=1", "grpo.n=4", "batch.groups_per_step=4", "sampling.max_tokens=32",
+        "grpo.zero_variance=keep",
         "eval.limit=2", "eval.n=2", "eval.every=0", "optim.lr=1e-4", "checkpoint_every=0",
         "batch.micro_batch_tokens=512"])  # small micro-batches: the logits of a 49k vocabulary are what takes memory
     assert cfg.model == "smollm2-135m"  # resolved to the converted folder by the trainer
@@ -33,7 +36,7 @@ def test_one_step_of_grpo_on_smollm2_trains_and_syncs_into_vllm(smollm2_model, t
     assert len(steps) == 1 and steps[0]["policy/tokens"] > 0 and steps[0]["policy/grad_norm"] > 0
     assert result.counts["weight_syncs"] >= 1
     online = list(iter_rollouts(tmp_path / "online"))
-    assert len(online) == 8 and {r["provenance"]["policy_version"] for r in online} == {0}
+    assert len(online) == 16 and {r["provenance"]["policy_version"] for r in online} == {0}
     assert all(r["tokens_consistent"] for r in online)  # SmolLM2's own template and tokenizer, audited
     assert {r["finish_reason"] for r in online} <= {"stop", "length"}
     final = list(iter_rollouts(tmp_path / "eval" / "step-000001"))
