@@ -162,3 +162,17 @@ def test_a_mixture_drawing_one_task_of_a_family_env_generates_one_item_not_its_s
     drawn = mixture.take(1)
     assert len(drawn) == 1 and drawn[0].task["env"] == "rg_basic_arithmetic"
     assert generated == [0]
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"generator": "no_such_generator"}, "info.generator"),
+    ({"generator": "sudoku"}, "does not belong to env"),
+    ({"config": '{"max_terms": 1000000, "min_terms": 999999}'}, "info.config"),
+])
+def test_a_stored_row_cannot_choose_another_generator_or_config(change, field):
+    """Stored rows are untrusted: the scorer is built only for a generator and config the bridge ships."""
+    builder = rg.FAMILY.builder("rg_basic_arithmetic")
+    task = builder.golden_cases()[0].task
+    task = {**task, "env": "rg_basic_arithmetic", "info": {**task["info"], **change}}
+    score = builder.verifier().score(task, [assistant("<answer>7</answer>")])
+    assert score.reward is None and field in score.error["message"]

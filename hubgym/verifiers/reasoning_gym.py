@@ -12,6 +12,10 @@ own float encoding does not guarantee). The reward is what reasoning-gym's own
 
 Pure: the scorer is rebuilt from the row (seed 0: scoring never draws), kept in an in-memory cache, and
 given a copy of the entry, so a scorer that edits its input cannot change the row.
+
+Rows are untrusted (stored rollouts come from anywhere): a row may only name a bridged generator with one of
+the configs hubgym ships for it (`reasoning_gym_specs.json`), and, when it says its env, that env's own
+generator. Anything else is a verifier error that names the field, never a scorer built from stored data.
 """
 
 from __future__ import annotations
@@ -40,7 +44,33 @@ def correct(task: Task, completion: list[Message]) -> float:
         return 0.0
     info = task["info"]
     entry = {"question": info["question"], "answer": info["answer"], "metadata": json.loads(info["metadata"])}
-    return score_entry(info["generator"], json.loads(info["config"]), answer, entry)
+    config = json.loads(info["config"])
+    check_shipped(task.get("env"), info["generator"], config)
+    return score_entry(info["generator"], config, answer, entry)
+
+
+def check_shipped(env: str | None, generator: object, config: object) -> None:
+    """Refuse a generator or config that no bridged env ships (ValueError naming the field)."""
+    shipped = _shipped_configs()
+    if not isinstance(generator, str) or generator not in shipped:
+        raise ValueError(f"info.generator {str(generator)[:80]!r} is not a bridged reasoning-gym generator; the row "
+                         f"was not made by an rg_ env of this hubgym")
+    if env is not None and env != f"rg_{generator}":
+        raise ValueError(f"info.generator {generator!r} does not belong to env {env!r} (its generator is "
+                         f"{env.removeprefix('rg_')!r})")
+    if json.dumps(config, sort_keys=True) not in shipped[generator]:
+        raise ValueError(f"info.config {json.dumps(config)[:120]} is not a config hubgym ships for {generator!r} "
+                         f"(one of: {', '.join(sorted(shipped[generator]))[:200]})")
+
+
+@lru_cache(maxsize=1)
+def _shipped_configs() -> dict[str, frozenset[str]]:
+    """generator -> the canonical JSON of each config the bridge ships for it."""
+    from hubgym.bridges.reasoning_gym import SPECS
+
+    envs = json.loads(SPECS.read_text())["envs"]
+    return {spec["generator"]: frozenset(json.dumps(c, sort_keys=True) for c in spec["configs"].values())
+            for spec in envs.values()}
 
 
 def score_entry(generator: str, config: dict[str, Any], answer: str, entry: Entry) -> float:
