@@ -231,3 +231,14 @@ def test_a_real_rollout_of_two_games_replays_exactly(tiny_model, tmp_path):
                                env={"COLUMNS": "240"})
     assert shown.exit_code == 0, shown.output
     assert all(env in shown.output for env in formats) and "first divergences" not in shown.output
+
+
+def test_a_stored_row_cannot_ask_for_a_game_of_a_size_no_config_ships():
+    """Stored rows are untrusted: a hand-edited row asking for a million disks is a verifier error, not a hang."""
+    from hubgym.bridges.textarena import FAMILY
+
+    builder = FAMILY.builder("ta_tower_of_hanoi")
+    task = builder.golden_cases()[0].task
+    task = {**task, "info": {**task["info"], "options": {**task["info"]["options"], "num_disks": 1_000_000}}}
+    with pytest.raises(ValueError, match="not the arguments of any difficulty variant"):
+        builder.verifier().reset(task)

@@ -88,6 +88,17 @@ def check_options(game: str, options: dict[str, Any]) -> None:
             raise ValueError(f"info.options has {key!r}, not an argument of {game!r} ({', '.join(sorted(allowed))})")
         if not isinstance(value, (int, float, str, bool)):
             raise ValueError(f"info.options[{key!r}] is {value!r}; options are JSON numbers, strings or booleans")
+    if options not in _shipped_options(game):  # stored rows are untrusted: no game of a size nobody shipped
+        raise ValueError(f"info.options {json.dumps(options, sort_keys=True)[:160]} are not the arguments of any "
+                         f"difficulty variant of {game!r} that the textarena family ships")
+
+
+def _shipped_options(game: str) -> list[dict[str, Any]]:
+    """The TextArena arguments of every config the family ships for `game`."""
+    from hubgym.bridges.textarena import GAMES, variants
+
+    return [options for spec in GAMES.values() if spec.engine == game
+            for options in variants(spec.textarena_id, spec.skip).values()]
 
 
 @contextmanager
