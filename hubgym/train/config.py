@@ -39,10 +39,7 @@ class Offline(Section):
     @classmethod
     def _each_source_once(cls, sources: list[str]) -> list[str]:
         """A source listed twice would train its groups twice as often as the others."""
-        twice = sorted({s for s in sources if sources.count(s) > 1})
-        if twice:
-            raise ValueError(f"lists {', '.join(twice)} more than once; list each source once")
-        return sources
+        return listed_once(sources)
 
 
 class Online(Section):
@@ -78,10 +75,7 @@ class Online(Section):
     @field_validator("difficulty_stats")
     @classmethod
     def _each_stats_source_once(cls, sources: list[str]) -> list[str]:
-        twice = sorted({s for s in sources if sources.count(s) > 1})
-        if twice:
-            raise ValueError(f"lists {', '.join(twice)} more than once; list each source once")
-        return sources
+        return listed_once(sources)
 
 
 class Sampling(Section):
@@ -434,3 +428,11 @@ def describe_options(model: type[BaseModel] = TrainConfig, prefix: str = "") -> 
         if isinstance(default, list):
             default = [d.model_dump(exclude_none=True) if isinstance(d, BaseModel) else d for d in default]
         yield f"{prefix}{name}", repr(default), field.description or ""
+
+
+def listed_once(sources: list[str]) -> list[str]:
+    """`sources` unchanged, or a ValueError naming each one listed more than once."""
+    twice = sorted({s for s in sources if sources.count(s) > 1})
+    if twice:
+        raise ValueError(f"lists {', '.join(twice)} more than once; list each source once")
+    return sources
