@@ -1,6 +1,14 @@
-"""hubgym vs verifiers: the same tool_use and multi_turn rollouts against ONE vLLM server, side by side.
+"""hubgym vs verifiers: the same tool_use and multi_turn rollouts against ONE server, side by side.
 
     python bench/bench_verifiers.py --verifiers-python VENV/bin/python [--tasks 16 --n 4 --concurrency 2,8]
+    python bench/bench_verifiers.py --verifiers-python VENV/bin/python --server instant --concurrency 16,64,256
+
+`--server vllm` (default) serves the tiny model with vLLM: on a CPU machine vLLM bounds both sides.
+`--server instant` (`hubgym.rollout.instant_server`) answers every request at once with a valid
+pre-generated reply (the same trajectory for both frameworks), so the clients are the bottleneck:
+that mode reports client CPU per rollout and the server's own CPU, and takes its tasks from the
+train split, `--tasks-per-group` x groups in flight per run (capped by the split), so the in-flight
+count is reached and held.
 
 VENV is a separate virtualenv with `pip install verifiers==0.3.1` (the last release whose top-level
 API is Environment / MultiTurnEnv / ToolEnv; 0.4 moved to a new stack) plus hubgym's light
@@ -47,14 +55,14 @@ ENVS = {  # env spec -> the regex every reply must match (vLLM structured output
 
 # ---------------------------------------------------------------- hubgym side (this process)
 
-def export_tasks(spec: str, limit: int) -> list[dict[str, Any]]:
+def export_tasks(spec: str, limit: int, split: str = "test") -> list[dict[str, Any]]:
     """hubgym's task rows, plus what verifiers needs: the opening messages (with the multi_turn
     observation) in OpenAI form and the tool schemas."""
     from hubgym.resolve import load_env_tasks
     from hubgym.schemas.messages import to_openai, user
     from hubgym.tools.registry import make_toolbox
 
-    env = load_env_tasks(spec, "test", limit)
+    env = load_env_tasks(spec, split, limit)
     rows = []
     for task in env.tasks:
         spec_ = task["interaction"]
@@ -69,20 +77,36 @@ def export_tasks(spec: str, limit: int) -> list[dict[str, Any]]:
 
 
 def run_hubgym(spec: str, mode: str, concurrency: int, seed: int, args: argparse.Namespace, base_url: str,
-               model: str, out: Path) -> dict:
+               model: str, out: Path, tasks: int) -> dict:
     from hubgym.rollout import OpenAIEngine, RolloutConfig, SamplingArgs, run_rollouts
 
     config = RolloutConfig(envs=[spec], model=model, out=str(out), engine="openai", base_url=base_url, mode=mode,
-                           n=args.n, limit=args.tasks, sampling=SamplingArgs(max_tokens=args.max_tokens, seed=seed),
+                           n=args.n, limit=tasks, split=args.split,
+                           sampling=SamplingArgs(max_tokens=args.max_tokens, seed=seed),
                            max_model_len=args.max_model_len, concurrency=concurrency)
-    engine = OpenAIEngine(model, base_url, mode=mode, max_model_len=args.max_model_len,
-                          extra_body={"structured_outputs": {"regex": ENVS[spec]}})
-    cpu = time.process_time()
+    engine = clocked_engine(model, base_url, mode=mode, max_model_len=args.max_model_len,
+                            extra_body={"structured_outputs": {"regex": ENVS[spec]}})
     summary = run_rollouts(config, engine=engine, progress=False)  # its clock starts after the tasks are built
-    cpu = time.process_time() - cpu
+    cpu = time.process_time() - engine.cpu_at_first_request
     rewards, turns = _hubgym_stats(out)
     return {"rollouts": summary.written, "seconds": summary.seconds, "cpu_s": cpu, "reward_mean": rewards,
             "turns_mean": turns}
+
+
+def clocked_engine(*args: Any, **kwargs: Any) -> Any:
+    """hubgym's OpenAIEngine that notes the process's CPU time at its first request: a run's client CPU is counted
+    from there (as verifiers' is around `env.generate`), not over building the task rows and the tokenizer."""
+    from hubgym.rollout import OpenAIEngine
+
+    class CPUClockedEngine(OpenAIEngine):
+        cpu_at_first_request: float | None = None
+
+        async def generate(self, request, sampling):
+            if self.cpu_at_first_request is None:
+                self.cpu_at_first_request = time.process_time()
+            return await super().generate(request, sampling)
+
+    return CPUClockedEngine(*args, **kwargs)
 
 
 def _hubgym_stats(out: Path) -> tuple[float, float]:
@@ -112,12 +136,14 @@ def server_counters(base_url: str) -> dict[str, float]:
     return counters
 
 
-def measured(base_url: str, run: Any) -> dict:
-    """Run one side's rollouts and add what the server saw meanwhile."""
-    before = server_counters(base_url)
+def measured(base_url: str, run: Any, server: Any = None) -> dict:
+    """Run one side's rollouts and add what the server saw meanwhile (and, for the instant server, the CPU
+    seconds its processes used)."""
+    before, cpu = server_counters(base_url), server.cpu_s() if server is not None else 0.0
     result = run()
     after = server_counters(base_url)
-    return {**result, **{k: after[k] - before[k] for k in after}}
+    server_cpu = server.cpu_s() - cpu if server is not None else float("nan")
+    return {**result, **{k: after[k] - before[k] for k in after}, "server_cpu_s": server_cpu}
 
 
 class VerifiersWorker:
@@ -146,52 +172,110 @@ class VerifiersWorker:
 
 
 def main(args: argparse.Namespace) -> None:
-    from hubgym.rollout.server import VLLMServer
     from hubgym.rollout.tiny_model import make_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     print(f"work folder (model, tasks, server log, hubgym shards): {work}", file=sys.stderr)
     model = str(make_tiny_model(work / "tiny-model"))
     tasks_file = work / "tasks.json"
-    tasks_file.write_text(json.dumps({spec: export_tasks(spec, args.tasks) for spec in args.envs}, default=str))
+    most = max(tasks_per_run(args, c) for c in args.concurrency)
+    tasks_file.write_text(json.dumps({spec: export_tasks(spec, most, args.split) for spec in args.envs}, default=str))
     results: dict[tuple[str, int, str], list[dict]] = {}
-    with VLLMServer(model, max_model_len=args.max_model_len, tool_parser="hermes",
-                    log_path=work / "vllm.log") as server:
+    with open_server(args, model, work) as server:
         worker = VerifiersWorker(args.verifiers_python, tasks_file, server.base_url, model)
         try:
             for spec in args.envs:
                 for concurrency in args.concurrency:
-                    run_side_by_side(spec, concurrency, args, server.base_url, model, worker, work, results)
+                    run_side_by_side(spec, concurrency, args, server, model, worker, work, results)
         finally:
             worker.close()
     report(results, args, worker.version)
 
 
-def run_side_by_side(spec: str, concurrency: int, args: argparse.Namespace, base_url: str, model: str,
+def open_server(args: argparse.Namespace, model: str, work: Path) -> Any:
+    """The server both frameworks talk to: vLLM with the tiny model, or the instant server."""
+    if args.server == "instant":
+        from hubgym.rollout.instant_server import InstantServer
+
+        return InstantServer(model, workers=args.server_workers, log_path=work / "instant.log")
+    from hubgym.rollout.server import VLLMServer
+
+    return VLLMServer(model, max_model_len=args.max_model_len, tool_parser="hermes", log_path=work / "vllm.log")
+
+
+def tasks_per_run(args: argparse.Namespace, concurrency: int) -> int:
+    """--tasks, or with --tasks-per-group: that many tasks per group in flight (the split may have fewer)."""
+    return args.tasks_per_group * concurrency if args.tasks_per_group else args.tasks
+
+
+def base_url_for(server: Any, spec: str) -> str:
+    """The instant server answers each env's requests under its own prefix (its replies are that env's)."""
+    return server.url(spec) if hasattr(server, "url") else server.base_url
+
+
+def run_side_by_side(spec: str, concurrency: int, args: argparse.Namespace, server: Any, model: str,
                      worker: VerifiersWorker, work: Path, results: dict) -> None:
-    """Alternate the runners on one workload; repeat 0 warms each up and is not kept."""
+    """Alternate the runners on one workload; the first `--warmup` repeats warm each up and are not kept."""
+    base_url, tasks = base_url_for(server, spec), tasks_per_run(args, concurrency)
+    metered = server if args.server == "instant" else None
     request = {"env": spec, "n": args.n, "concurrency": concurrency, "max_tokens": args.max_tokens,
-               "regex": ENVS[spec]}
-    for repeat in range(args.repeats + 1):
+               "regex": ENVS[spec], "tasks": tasks, "base_url": base_url}
+    for repeat in range(args.repeats + args.warmup):
+        kept = repeat >= args.warmup
         for mode in args.modes:
             out = work / f"hubgym-{spec.replace(':', '-')}-c{concurrency}-{mode}-{repeat}"
             # a new seed per repeat: hubgym's seeded samples vary across runs as verifiers' unseeded ones do
-            run = lambda: run_hubgym(spec, mode, concurrency, repeat, args, base_url, model, out)  # noqa: E731
-            _keep(results, (spec, concurrency, f"hubgym/{mode}"), repeat, measured(base_url, run))
-        _keep(results, (spec, concurrency, "verifiers"), repeat, measured(base_url, lambda: worker.run(request)))
+            run = lambda: run_hubgym(spec, mode, concurrency, repeat, args, base_url, model, out, tasks)  # noqa: E731
+            _keep(results, (spec, concurrency, f"hubgym/{mode}"), kept, measured(base_url, run, metered))
+        _keep(results, (spec, concurrency, "verifiers"), kept, measured(base_url, lambda: worker.run(request), metered))
 
 
-def _keep(results: dict, key: tuple[str, int, str], repeat: int, result: dict) -> None:
+def _keep(results: dict, key: tuple[str, int, str], kept: bool, result: dict) -> None:
     spec, concurrency, who = key
-    print(f"{spec:22} c={concurrency:<3} {who:18} run {repeat}: {result['rollouts']} rollouts, "
+    print(f"{spec:22} c={concurrency:<3} {who:18} {'run' if kept else 'warm-up'}: {result['rollouts']} rollouts, "
           f"{result['tokens']:.0f} tokens, {result['requests']:.0f} requests, {result['seconds']:.2f} s, "
-          f"client cpu {result['cpu_s']:.2f} s, reward {result['reward_mean']:.3f}, turns {result['turns_mean']:.2f}",
-          file=sys.stderr)
-    if repeat > 0:
+          f"client cpu {result['cpu_s']:.2f} s, server cpu {result['server_cpu_s']:.2f} s, "
+          f"reward {result['reward_mean']:.3f}, turns {result['turns_mean']:.2f}", file=sys.stderr)
+    if kept:
         results.setdefault(key, []).append(result)
 
 
 def report(results: dict, args: argparse.Namespace, verifiers_version: str) -> None:
+    if args.server == "instant":
+        return report_client_bound(results, args, verifiers_version)
+    report_server_bound(results, args, verifiers_version)
+
+
+def report_client_bound(results: dict, args: argparse.Namespace, verifiers_version: str) -> None:
+    """Markdown rows for the instant server: medians of rollouts/s and of client CPU per rollout, ratios to
+    verifiers, and the share of the wall time the client and the server were on a CPU."""
+    def median(runs: list[dict], value: Any) -> float:
+        return statistics.median(value(r) for r in runs)
+
+    print(f"\nverifiers {verifiers_version}; instant server ({args.server_workers} process); n {args.n}; "
+          f"{args.split} split, {args.tasks_per_group or args.tasks} tasks per group in flight (capped by the split); "
+          f"{args.repeats} runs per runner after {args.warmup} warm-up (medians)\n")
+    print("| env | groups in flight | rollouts / run | runner | rollouts/s | vs verifiers | client CPU ms / rollout "
+          "| vs verifiers | client CPU / wall | server CPU / wall | requests / rollout | mean turns |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for spec in args.envs:
+        for concurrency in args.concurrency:
+            base = results[(spec, concurrency, "verifiers")]
+            base_rps = median(base, lambda r: r["rollouts"] / r["seconds"])
+            base_cpu = median(base, lambda r: r["cpu_s"] / r["rollouts"])
+            for who in [f"hubgym/{m}" for m in args.modes] + ["verifiers"]:
+                runs = results[(spec, concurrency, who)]
+                rps = median(runs, lambda r: r["rollouts"] / r["seconds"])
+                cpu = median(runs, lambda r: r["cpu_s"] / r["rollouts"])
+                print(f"| {spec} | {concurrency} | {runs[0]['rollouts']} | {who} | {rps:.0f} | {rps / base_rps:.2f}x | "
+                      f"{cpu * 1000:.1f} | {cpu / base_cpu:.2f}x | "
+                      f"{median(runs, lambda r: r['cpu_s'] / r['seconds']):.0%} | "
+                      f"{median(runs, lambda r: r['server_cpu_s'] / r['seconds']):.0%} | "
+                      f"{sum(r['requests'] for r in runs) / sum(r['rollouts'] for r in runs):.2f} | "
+                      f"{statistics.mean(r['turns_mean'] for r in runs):.2f} |")
+
+
+def report_server_bound(results: dict, args: argparse.Namespace, verifiers_version: str) -> None:
     """Markdown rows: medians of rollouts/s and generated tokens/s, and hubgym / verifiers ratios."""
     def rate(runs: list[dict], key: str) -> float:
         return statistics.median(r[key] / r["seconds"] for r in runs)
@@ -235,7 +319,8 @@ def worker(tasks_file: str, base_url: str, model: str) -> None:
         request = json.loads(line)
         rows = all_tasks[request["env"]]
         env = envs.get(request["env"]) or envs.setdefault(request["env"], make_verifiers_env(rows))
-        result = asyncio.run(_generate(env, rows, request, base_url, model))
+        result = asyncio.run(_generate(env, rows[:request.get("tasks", len(rows))], request,
+                                       request.get("base_url", base_url), model))
         print(json.dumps(result), file=replies, flush=True)
 
 
@@ -351,7 +436,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="groups in flight (both frameworks), comma-separated: one workload each")
     parser.add_argument("--max-tokens", type=int, default=64, help="per turn")
     parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--repeats", type=int, default=3, help="timed runs per runner, after one warm-up")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per runner, after the warm-up")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs per runner and workload, first")
+    parser.add_argument("--server", choices=["vllm", "instant"], default="vllm",
+                        help="vllm: the tiny model served by vLLM; instant: pre-generated replies at once (client-bound)")
+    parser.add_argument("--server-workers", type=int, default=1, help="instant server processes")
+    parser.add_argument("--split", default="test", help="the split tasks come from (instant runs want train: more rows)")
+    parser.add_argument("--tasks-per-group", type=int, default=0,
+                        help="tasks per run = this x groups in flight (capped by the split); 0: --tasks")
     return parser.parse_args(argv)
 
 
