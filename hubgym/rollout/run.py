@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, Sequence
 
 from hubgym.resolve import EnvTasks, load_env_tasks
 from hubgym.rollout.engines import Engine, SamplingArgs
@@ -215,6 +215,16 @@ def _early_renderer(config: RolloutConfig, engine: Engine | None) -> ChatRendere
         return None
 
 
+class RunListener(Protocol):
+    """Told what a worker's bar shows (e.g. a cluster driver that draws one bar for all workers)."""
+
+    def started(self, groups: int, stored: int) -> None:
+        """This worker's groups, `stored` of them already on disk (resumed)."""
+
+    def advanced(self, rows: Sequence[Rollout], tokens: int) -> None:
+        """One group finished and buffered: its rows and the model tokens they sampled."""
+
+
 @dataclass
 class RunSummary:
     run_dir: Path
@@ -226,9 +236,10 @@ class RunSummary:
     generated_tokens: int
 
 
-def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True) -> RunSummary:
+def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True,
+                 listener: RunListener | None = None) -> RunSummary:
     """Generate, score and store rollouts for every task of this worker; resumes a previous run. Ctrl-C stores
-    the groups already finished and raises KeyboardInterrupt."""
+    the groups already finished and raises KeyboardInterrupt. `listener` hears what the progress bar shows."""
     run_id = config.run_id()
     check_chat_options(config)
     envs = load_run_envs(config)
@@ -250,7 +261,7 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
         stats = {"written": 0, "tokens": 0}
         try:
             interrupted = asyncio.run(until_done_or_ctrl_c(
-                _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs)))
+                _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs, listener)))
         finally:
             writer.flush()
             writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
@@ -288,7 +299,7 @@ def load_run_envs(config: RolloutConfig) -> list[EnvTasks]:
     return list(by_key.values())
 
 
-async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs) -> None:
+async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs, listener) -> None:
     from hubgym.rollout.progress import RolloutProgress
 
     pending = iter(todo)
@@ -312,6 +323,8 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
             await store_due()
 
     stored = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards)) - len(todo)
+    if listener is not None:
+        listener.started(len(todo) + stored, stored)
     with RolloutProgress(len(todo) + stored, config.n, stored=stored, enabled=progress) as bar:
         async def worker() -> None:
             # A bounded pool: `concurrency` workers pull groups one at a time, so only that many groups
@@ -326,6 +339,8 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
                 stats["written"] += len(rows)
                 stats["tokens"] += tokens
                 bar.advance(rows, tokens)
+                if listener is not None:
+                    listener.advanced(rows, tokens)
 
         timer = asyncio.ensure_future(by_time())
         try:
