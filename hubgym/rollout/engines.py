@@ -458,18 +458,22 @@ class OpenAIEngine:
         self._refused = openai.APIStatusError
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _bind(self) -> None:
-        """One client and semaphore per event loop: each `run_rollouts` call runs its own loop."""
+    async def _bind(self) -> None:
+        """One client and semaphore per event loop: each `run_rollouts` call runs its own loop. The client's
+        connections are closed when that loop ends (`_close_at_loop_end`)."""
         import openai
 
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop, self._limit = loop, asyncio.Semaphore(self.concurrency)
             self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key,
-                                             max_retries=self.max_retries, timeout=self.timeout_s)
+                                             max_retries=self.max_retries, timeout=self.timeout_s,
+                                             http_client=_http_client(openai, self.concurrency, self.timeout_s))
+            self._closer = _close_at_loop_end(self.client)
+            await self._closer.__anext__()
 
     async def generate(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
-        self._bind()
+        await self._bind()
         async with self._limit:
             try:
                 if self.mode == "tokens":
@@ -538,6 +542,33 @@ class OpenAIEngine:
 
     def close(self) -> None:
         self._loop = None  # the client's connections belong to a finished event loop; a new one is made on use
+
+
+async def _close_at_loop_end(client: Any) -> Any:
+    """An async generator left suspended: the event loop closes it when it shuts down (`asyncio.run` calls
+    `shutdown_asyncgens`), which closes the client's connections in that loop, where they were opened."""
+    try:
+        yield
+    finally:
+        await client.close()
+
+
+def _http_client(openai: Any, connections: int, timeout_s: float) -> Any:
+    """The client's HTTP layer, sized for `connections` requests in flight, each keeping its connection.
+
+    The SDK's default keeps 100 idle connections at most: past 100 requests in flight, every response closes
+    its connection and the next request opens a new one. Its httpx pool also scans every connection on each
+    request and response (quadratic in requests in flight); aiohttp's pool (the SDK's `DefaultAioHttpClient`,
+    when aiohttp is installed, as it is with vLLM) does not. Measured with an instant server at 64-256
+    groups in flight, the HTTP layer was most of the client's CPU time (bench/bench_verifiers.py --server instant).
+    """
+    import httpx2
+
+    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
+    try:
+        return openai.DefaultAioHttpClient(limits=limits, timeout=timeout_s)
+    except RuntimeError:  # openai without aiohttp: its httpx client, with the same limits
+        return openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s)
 
 
 def _floats(values: list[float | None] | None) -> list[float]:

@@ -86,6 +86,8 @@ class ChatRenderer:
         # The stop token the closing starts with: sampled by the model, so the bridge does not add it again.
         stops = [self.eos_text] + [tokenizer.convert_ids_to_tokens(i) for i in sorted(self.stop_ids)]
         self.closing_stop: str = next((t for t in stops if t and self.turn_closing.startswith(t)), "")
+        self.incremental = True  # bridges render the recent turns only (see `bridge`)
+        self._checks_left = self.INCREMENTAL_CHECKS
 
     def chat_options(self) -> dict[str, Any]:
         """The options that change how this renderer renders and reads, as a run records them (defaults left out)."""
@@ -129,12 +131,33 @@ class ChatRenderer:
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
 
+    # Incremental bridges are compared with full ones this many times per renderer before they are trusted.
+    INCREMENTAL_CHECKS = 16
+
     def bridge(self, history: list[Message], reply: Message, new: list[Message], tools: list[dict] | None,
                ended_with_eos: bool) -> tuple[list[int], str | None]:
         """Tokens that follow the model's sampled reply: the turn's closing plus the new messages.
 
         Returns (ids, problem); problem is None when the template is prefix-consistent here.
+
+        Rendered incrementally: only the turns since the last user message (with a leading system message,
+        which templates treat apart) are rendered, not the whole conversation twice per turn, so a turn costs the
+        same at turn 20 as at turn 2. The first `INCREMENTAL_CHECKS` bridges of a renderer are also rendered in
+        full and compared; a template whose new turns render differently in the short context (it looks further
+        back) is rendered in full from then on. The token audit (`audit_tokens`) checks every row either way.
         """
+        context = recent_context(history) if self.incremental else history
+        result = self._bridge(context, reply, new, tools, ended_with_eos)
+        if self.incremental and len(context) < len(history) and self._checks_left > 0:
+            self._checks_left -= 1
+            full = self._bridge(history, reply, new, tools, ended_with_eos)
+            if full != result:
+                self.incremental = False
+                return full
+        return result
+
+    def _bridge(self, history: list[Message], reply: Message, new: list[Message], tools: list[dict] | None,
+                ended_with_eos: bool) -> tuple[list[int], str | None]:
         before = self.render(history + [reply], tools, add_generation_prompt=False)
         after = self.render(history + [reply] + new, tools, add_generation_prompt=True)
         closing = self.turn_closing
@@ -164,6 +187,15 @@ class ChatRenderer:
         elif not new and self.turn_closing in after:  # only the generation prompt follows the reply
             return after[after.rfind(self.turn_closing) + len(self.turn_closing):]
         return after[common:]
+
+
+def recent_context(history: list[Message]) -> list[Message]:
+    """The part of a conversation a turn's bridge is rendered after: a leading system message (templates render
+    it, and the tools, apart) and everything from the last user message on. The whole history when it has no
+    user message after the system one."""
+    head = history[:1] if history and history[0]["role"] == "system" else []
+    last_user = next((i for i in range(len(history) - 1, len(head) - 1, -1) if history[i]["role"] == "user"), None)
+    return history if last_user is None else head + history[last_user:]
 
 
 RESERVED_KWARGS = ("conversation", "messages", "tools", "tokenize", "add_generation_prompt")
