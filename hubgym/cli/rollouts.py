@@ -2,6 +2,7 @@
 
     hubgym rollout arithmetic:easy wordle --limit 8 --n 4 --out runs/r1
     hubgym rollout --mix mix.yaml --tasks 1000 --n 4 --out runs/r2      # draws of a mixture of env configs
+    hubgym rollout arithmetic --out /shared/runs/r3 --ray --ray-address HEAD:6379 --workers 8   # on a Ray cluster
     hubgym report runs/r1
     hubgym push-rollouts runs/r1 me/rollouts --hub hubs/local
 """
@@ -84,6 +85,13 @@ def rollout(
                                                      "weights; see hubgym.mixture.spec): sample --tasks draws of it "
                                                      "instead of ENVs, seeded by --seed")] = None,
     tasks: Annotated[Optional[int], typer.Option(min=1, help="with --mix: tasks to draw (no task twice)")] = None,
+    ray: Annotated[bool, typer.Option("--ray", help="run --workers workers (one per shard, one vLLM engine and GPU "
+                                                    "each) on a Ray cluster: RAY_ADDRESS's, else a local one; "
+                                                    "needs hubgym[ray]")] = False,
+    ray_address: Annotated[Optional[str], typer.Option(help="with --ray: the cluster's head HOST:PORT, or 'auto' "
+                                                            "(a cluster started on this machine)")] = None,
+    workers: Annotated[Optional[int], typer.Option(min=1, help="with --ray: workers, one per shard [default: 1]")]
+    = None,
     verbose: Verbose = False,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
@@ -100,6 +108,8 @@ def rollout(
         from hubgym.mixture import load_spec
 
         load_spec(mix)  # an unreadable or invalid spec: one line, before any model loads
+    on_ray = ray or ray_address is not None
+    check_ray_options(on_ray, workers, shard_index, num_shards)
     template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads
     from hubgym.models import FALLBACK_CONTEXT, context_length, resolve_model
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
@@ -120,15 +130,24 @@ def rollout(
                            concurrency=concurrency, hub=hub, trust=trust, pins=parse_pin_options(pin))
     settings = {"dtype": dtype.value, "gpu_memory_utilization": gpu_memory_utilization,
                 "tensor_parallel_size": tensor_parallel_size}
-    own_engine = _engine_with_settings(config, settings)
     try:
-        summary = run_rollouts(config, engine=own_engine)
+        if on_ray:
+            from hubgym.cluster.ray_rollout import run_on_ray
+
+            summary = run_on_ray(config, workers=workers or 1, address=ray_address, engine_settings=settings,
+                                 console=console())
+        else:
+            summary = run_rollouts(config, engine=_engine_with_settings(config, settings))
     except KeyboardInterrupt:
         console(stderr=True).print(f"[yellow]interrupted: the rollouts stored in {out} stay; the same command resumes "
                                     f"(no rollout sampled twice or left out)")
         raise typer.Exit(130)
     console().print(views.frame_table(summarize(scan_rollouts([out])), title=f"run {summary.run_id}: {out}"))
-    console().print(Text(f"{summary.written} rollouts written ({summary.skipped} already stored) in "
+    by = f" by {summary.workers} Ray worker(s)" if on_ray else ""
+    restarts = getattr(summary, "restarts", {})
+    if restarts:
+        by += f" ({', '.join(f'{w} restarted {k}x' for w, k in sorted(restarts.items()))})"
+    console().print(Text(f"{summary.written} rollouts written{by} ({summary.skipped} already stored) in "
                           f"{summary.seconds:.1f}s, {summary.generated_tokens / max(summary.seconds, 1e-9):,.0f} "
                           f"generated tokens/s; shards in {out / 'shards'}"))
     if push:
@@ -137,6 +156,16 @@ def rollout(
         pushed = push_rollouts(out, push, hub=hub, progress=True)
         console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
                               f"rollouts -> {pushed.ref}"))
+
+
+def check_ray_options(on_ray: bool, workers: int | None, shard_index: int, num_shards: int) -> None:
+    """--workers belongs to --ray, which splits the tasks itself: one line for options that do not fit."""
+    if workers is not None and not on_ray:
+        fail(f"--workers {workers} starts that many workers on a Ray cluster: add --ray (or start workers by hand "
+             f"with --shard-index i --num-shards N)")
+    if on_ray and (shard_index, num_shards) != (0, 1):
+        fail("--ray gives worker i of --workers N the shard --shard-index i --num-shards N itself: leave out "
+             "--shard-index and --num-shards")
 
 
 def parse_template_kwargs(text: str | None, setting: str) -> dict:
