@@ -198,7 +198,7 @@ def test_an_unreachable_server_fails_after_the_retries_and_leaves_a_resumable_ru
     url = f"http://127.0.0.1:{free_port()}/v1"
     config = RolloutConfig(envs=["arithmetic:easy"], model=str(tiny_model), out=str(tmp_path / "run"), engine="openai",
                            base_url=url, n=2, limit=1, sampling=SamplingArgs(max_tokens=8))
-    caplog.set_level(logging.INFO, logger="openai")
+    caplog.set_level(logging.INFO, logger="hubgym.rollout.http_json")
     with pytest.raises(EngineError, match=f"^OpenAI-compatible server at {url} failed after 2 retries "):
         run_rollouts(config, engine=_engine(config, max_retries=2), progress=False)
     retries = [r for r in caplog.records if r.getMessage().startswith("Retrying request")]

@@ -4,11 +4,11 @@ Two engines, one async interface:
 - `VLLMEngine`: vLLM's offline `LLM` in this process, with continuous batching: a serving thread
   hands each request to vLLM's engine as soon as a trajectory makes it, so it joins the running batch.
 - `OpenAIEngine`: any OpenAI-compatible server (a `vllm` server in production, hosted APIs for
-  evaluation) through the `openai` async client, in `tokens` mode (token-in `/v1/completions`,
+  evaluation) over HTTP (aiohttp, `http_json`), in `tokens` mode (token-in `/v1/completions`,
   text tool-call parsing), `chat` mode (`/v1/chat/completions`, the server's template and tool
   parser) or `chat_tokens` mode (token-in `/v1/chat/completions`, the server's tool parser).
 
-vLLM, torch and openai are imported when an engine is created, never by `import hubgym`.
+vLLM, torch and aiohttp are imported when an engine is created, never by `import hubgym`.
 """
 
 from __future__ import annotations
@@ -414,7 +414,7 @@ def _sample_from_vllm(completion: Any, prompt_ids: list[int]) -> Sample:
 
 
 class OpenAIEngine:
-    """An OpenAI-compatible server through the `openai` async client, in one of three modes:
+    """An OpenAI-compatible server over HTTP, in one of three modes:
 
     - `tokens`: token-in `/v1/completions` (`prompt=[ids]`); tool calls are parsed from the text by
       the loop. Needs a server that returns token ids (vLLM's `return_token_ids`).
@@ -426,9 +426,10 @@ class OpenAIEngine:
       `kv_transfer_params.prompt_token_ids` and skips templating): token-in like `tokens`, native
       tool calls like `chat`. The engine checks the server really used the ids.
 
-    Connection failures, timeouts, 429 and 5xx are retried by the client (`max_retries`, exponential
-    backoff); what still fails, and 401/403/404 (wrong key or model: every request would fail),
-    raise `EngineError` naming the server. Any other 4xx fails one request: `RequestError`.
+    Requests go through `http_json.JSONClient` (aiohttp, msgspec), not the openai SDK, whose per-request
+    work was most of the client's CPU at 64-256 requests in flight. Connection failures, timeouts, 408,
+    409, 429 and 5xx are retried (`max_retries`, exponential backoff); what still fails, and 401/403/404
+    (wrong key or model: every request would fail), raise `EngineError` naming the server. Any other 4xx fails one request: `RequestError`.
     `extra_body` is merged into every request body, e.g. `{"structured_outputs": {"regex": ...}}`.
     `return_token_ids=False` (chat mode only) leaves out vLLM's field for hosted APIs that refuse
     unknown fields; their rows then carry no token ids. `api_key` defaults to $OPENAI_API_KEY.
@@ -440,7 +441,7 @@ class OpenAIEngine:
     def __init__(self, model: str, base_url: str, *, mode: str = "tokens", api_key: str | None = None,
                  max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 256,
                  extra_body: dict[str, Any] | None = None, return_token_ids: bool = True):
-        import openai
+        import aiohttp  # noqa: F401 (the HTTP client: refused here, not at the first request, when missing)
 
         if mode not in self.MODES:
             raise ValueError(f"OpenAIEngine mode is {mode!r}; use one of {self.MODES}")
@@ -449,42 +450,45 @@ class OpenAIEngine:
                              f"use mode 'chat' for servers without token ids")
         self.model, self.base_url, self.mode, self.max_model_len = model, base_url, mode, max_model_len
         self.token_in = mode in ("tokens", "chat_tokens")
-        self.version = f"openai-{openai.__version__}"
+        self.version = f"openai-{_openai_version()}"
         self.max_retries, self.timeout_s, self.concurrency = max_retries, timeout_s, concurrency
         self.api_key = api_key or os.environ.get("OPENAI_API_KEY") or "EMPTY"  # vLLM accepts any key
         self.extra_body, self.return_token_ids = dict(extra_body or {}), return_token_ids
-        self._fatal = (openai.APIConnectionError, openai.AuthenticationError, openai.PermissionDeniedError,
-                       openai.NotFoundError, openai.RateLimitError, openai.InternalServerError)
-        self._refused = openai.APIStatusError
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def _bind(self) -> None:
         """One client and semaphore per event loop: each `run_rollouts` call runs its own loop. The client's
         connections are closed when that loop ends (`_close_at_loop_end`)."""
-        import openai
+        from hubgym.rollout.http_json import JSONClient
 
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._loop, self._limit = loop, asyncio.Semaphore(self.concurrency)
-            self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key,
-                                             max_retries=self.max_retries, timeout=self.timeout_s,
-                                             http_client=_http_client(openai, self.concurrency, self.timeout_s))
+            self.client = JSONClient(self.base_url, api_key=self.api_key, max_retries=self.max_retries,
+                                     timeout_s=self.timeout_s, connections=self.concurrency)
             self._closer = _close_at_loop_end(self.client)
             await self._closer.__anext__()
 
     async def generate(self, request: Request, sampling: SamplingArgs) -> list[Sample]:
+        from hubgym.rollout.http_json import ServerRefused, ServerUnavailable
+
         await self._bind()
         async with self._limit:
             try:
                 if self.mode == "tokens":
                     return await self._tokens(request, sampling)
                 return await self._chat(request, sampling)
-            except self._fatal as exc:  # the client already retried with backoff
-                raise EngineError(f"OpenAI-compatible server at {self.base_url} failed after {self.max_retries} "
-                                  f"retries ({type(exc).__name__}: {str(exc)[:500]}); check the server is up and "
-                                  f"serves model {self.model!r}, then re-run to resume") from exc
-            except self._refused as exc:
+            except ServerUnavailable as exc:  # the client already retried with backoff
+                raise self._down(exc) from exc
+            except ServerRefused as exc:
+                if exc.status in (401, 403, 404):  # wrong key, model or route: every request would fail
+                    raise self._down(exc) from exc
                 raise RequestError(f"server at {self.base_url} refused the request: {str(exc)[:1000]}") from exc
+
+    def _down(self, exc: Exception) -> EngineError:
+        return EngineError(f"OpenAI-compatible server at {self.base_url} failed after {self.max_retries} retries "
+                           f"({type(exc).__name__}: {str(exc)[:500]}); check the server is up and serves model "
+                           f"{self.model!r}, then re-run to resume")
 
     def _body(self, request: Request, sampling: SamplingArgs) -> dict[str, Any]:
         body = {**self.extra_body, "model": self.model, "n": request.n, "max_tokens": request.max_tokens,
@@ -498,9 +502,8 @@ class OpenAIEngine:
         return body
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST through the client (retries, backoff, typed errors) without its request-typing pass, which
-        walks a token-id prompt element by element, and without building response models: plain JSON."""
-        resp = await self.client.post(path, body=body, cast_to=object)
+        """POST through the client (retries, backoff, typed errors): plain JSON both ways."""
+        resp = await self.client.post(path, body)
         if not isinstance(resp, dict) or not isinstance(resp.get("choices"), list):
             raise EngineError(f"the server at {self.base_url} answered {path} with no 'choices': {str(resp)[:300]}")
         resp["choices"].sort(key=lambda c: c.get("index") or 0)
@@ -553,22 +556,14 @@ async def _close_at_loop_end(client: Any) -> Any:
         await client.close()
 
 
-def _http_client(openai: Any, connections: int, timeout_s: float) -> Any:
-    """The client's HTTP layer, sized for `connections` requests in flight, each keeping its connection.
+def _openai_version() -> str:
+    """The openai package's version, recorded as before in each row's provenance ("none" without it)."""
+    from importlib.metadata import PackageNotFoundError, version
 
-    The SDK's default keeps 100 idle connections at most: past 100 requests in flight, every response closes
-    its connection and the next request opens a new one. Its httpx pool also scans every connection on each
-    request and response (quadratic in requests in flight); aiohttp's pool (the SDK's `DefaultAioHttpClient`,
-    when aiohttp is installed, as it is with vLLM) does not. Measured with an instant server at 64-256
-    groups in flight, the HTTP layer was most of the client's CPU time (bench/bench_verifiers.py --server instant).
-    """
-    import httpx2
-
-    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
     try:
-        return openai.DefaultAioHttpClient(limits=limits, timeout=timeout_s)
-    except RuntimeError:  # openai without aiohttp: its httpx client, with the same limits
-        return openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s)
+        return version("openai")
+    except PackageNotFoundError:
+        return "none"
 
 
 def _floats(values: list[float | None] | None) -> list[float]:

@@ -126,7 +126,10 @@ class ChatRenderer:
             self.tokenizer.convert_ids_to_tokens(ids[-1]) == self.closing_stop
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        # The fast tokenizer's own encoder when there is one: the same ids, without transformers' per-call checks.
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        return backend.encode(text, add_special_tokens=False).ids if backend else \
+            self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt_ids(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
         return self.encode(self.render(messages, tools, add_generation_prompt=True))
