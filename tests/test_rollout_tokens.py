@@ -7,7 +7,7 @@ import copy
 
 import pytest
 
-from hubgym.rollout.tokens import ChatRenderer, TokenRecord
+from hubgym.rollout.tokens import ChatRenderer, TokenRecord, recent_context
 from hubgym.schemas import assistant, system, tool_call, tool_result, user
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
@@ -159,6 +159,57 @@ def test_the_same_reply_without_reasoning_is_consistent_under_the_stripping_temp
 
     assert problem is None
     assert ids == renderer.bridge([user("go")], reply, new, None, ended_with_eos=True)[0]
+
+
+def _wordle_turns(count: int) -> list[tuple[list, dict, list]]:
+    """(history, reply, new messages) of each turn of a multi_turn episode `count` turns long."""
+    history, turns = [system("Play Wordle."), user("Guess the word.")], []
+    for turn in range(count):
+        reply, new = assistant(f"<guess>w{turn:04d}</guess>"), [user(f"w{turn:04d}: XXXXX. {count - turn} left.")]
+        turns.append((list(history), reply, new))
+        history += [reply, *new]
+    return turns
+
+
+def test_recent_context_keeps_the_system_message_and_the_turns_since_the_last_user_message():
+    reply, tool = assistant("", [tool_call("c", "calculator", "{}")]), tool_result("1", "c", "calculator")
+    assert recent_context(HISTORY) == HISTORY
+    assert recent_context(HISTORY + [reply, tool]) == HISTORY + [reply, tool]
+    episode = _wordle_turns(4)[-1][0]
+    assert recent_context(episode) == [episode[0], episode[-1]]
+    assert recent_context([assistant("hi")]) == [assistant("hi")]  # no user message: the whole history
+
+
+def test_incremental_bridges_are_the_full_bridges_and_render_only_the_recent_turns(tokenizer, monkeypatch):
+    renderer, longest = ChatRenderer(tokenizer), []
+    full = [renderer._bridge(history, reply, new, None, True) for history, reply, new in _wordle_turns(12)]
+    render = renderer.render
+    monkeypatch.setattr(renderer, "render", lambda messages, *a, **k: longest.append(len(messages)) or render(
+        messages, *a, **k))
+
+    assert [renderer.bridge(history, reply, new, None, True) for history, reply, new in _wordle_turns(12)] == full
+    assert renderer.incremental and renderer._checks_left == ChatRenderer.INCREMENTAL_CHECKS - 11  # turn 1 is short
+    longest.clear()
+    history, reply, new = _wordle_turns(40)[-1]
+    renderer._checks_left = 0
+    renderer.bridge(history, reply, new, None, True)
+    assert max(longest) == 4  # system, the last observation, the reply, the new observation: not 80 messages
+
+
+def test_a_template_that_looks_further_back_falls_back_to_full_renders(tokenizer):
+    numbered = copy.deepcopy(tokenizer)
+    line = "<|im_start|>{{ message.role }}\n"
+    if line not in numbered.chat_template:
+        raise RuntimeError("the tiny model's chat template changed: update the numbered line")
+    numbered.chat_template = numbered.chat_template.replace(line, "<|im_start|>{{ message.role }} {{ loop.index }}\n")
+    renderer = ChatRenderer(numbered)
+    turns = _wordle_turns(6)
+
+    bridges = [renderer.bridge(history, reply, new, None, True) for history, reply, new in turns]
+
+    assert not renderer.incremental  # the first check found the short context renders turn numbers differently
+    assert bridges == [renderer._bridge(history, reply, new, None, True) for history, reply, new in turns]
+    assert "user 6" in decode(renderer, bridges[1][0])
 
 
 def test_token_record_keeps_ids_mask_and_logprobs_aligned():
