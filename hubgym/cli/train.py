@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -33,8 +34,8 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
-    from hubgym.models import resolve_model
     from hubgym.train.config import describe_options, load_config
+    from hubgym.train.nodes import resolve_model_once
 
     if options:
         table = Table("option", "default", "what it does", title="training options (YAML keys; --set key=value)")
@@ -45,7 +46,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     from hubgym.train.trainer import Trainer
 
     cfg = load_config(config, set_ or [])
-    resolve_model(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
+    resolve_model_once(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
     trainer = Trainer(cfg, console=console(), hub=hub, trust=trust, pins=parse_pin_options(pin))
     try:
         result = trainer.run()
@@ -56,5 +57,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
         raise typer.Exit(130)
     finally:
         trainer.close()
+    if os.environ.get("RANK", "0") != "0":  # under a launcher the summary is rank 0's, printed once
+        return
     console().print(views.before_after_table(result.before, result.after))
     console().print(Text(f"model: {result.model_dir}  metrics: {result.metrics_file}  plot: {result.plot}"))

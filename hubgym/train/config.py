@@ -253,6 +253,9 @@ class TrainConfig(Section):
     seed: int = Field(0, description="seeds sampling, task draws, DeepSpeed and the stream")
     checkpoint_every: int = Field(0, ge=0, description="save every K steps (0 = only at the end)")
     keep_checkpoints: int = Field(2, ge=1, description="checkpoints kept (oldest deleted)")
+    dist_timeout_s: float = Field(1800.0, gt=0, description="several processes or nodes: how long a rank waits "
+                                  "for the others (the launcher's rendezvous, every collective) before the run "
+                                  "stops with an error; above the longest vLLM sampling or evaluation of rank 0")
     offline: Offline = Field(default_factory=Offline)
     online: Online = Field(default_factory=Online)
     sampling: Sampling = Field(default_factory=Sampling)

@@ -28,6 +28,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -43,6 +44,7 @@ from hubgym.train.schedule import SCHEDULES, Schedule, make_scheduler
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
 EXTENSIONS_DIR = Path("~/.cache/hubgym/torch_extensions")  # DeepSpeed's JIT ops (~80 s to build), built once
 SKIP_LOSS, SKIP_GRAD = "non-finite loss", "non-finite gradient norm"
+DIST_TIMEOUT_S = 1800.0  # torch's own default: rank 0 may sample with vLLM this long while the others wait
 
 
 @dataclass
@@ -104,23 +106,27 @@ class StepStats:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-def init_distributed() -> tuple[int, int]:
+def init_distributed(timeout_s: float = DIST_TIMEOUT_S) -> tuple[int, int]:
     """(rank, world size). With no launcher (a plain `python script.py`, where DeepSpeed would otherwise look
     for MPI) it starts a one-process group itself, on a port the OS assigns while binding it: picking a free
-    port first and binding it later races with every other process starting up on the machine."""
+    port first and binding it later races with every other process starting up on the machine.
+
+    `timeout_s` bounds the rendezvous of launched workers (env://: waiting for the other nodes) and every
+    collective after it, under gloo and NCCL alike (hubgym.train.nodes says why 30 minutes)."""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR.expanduser()))
     import deepspeed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # this node's GPU (LOCAL_RANK, not RANK)
     if "RANK" not in os.environ and not torch.distributed.is_initialized():
         store = torch.distributed.TCPStore("127.0.0.1", int(os.environ.get("MASTER_PORT", 0)), 1, True)
-        torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1)
+        torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(store.port))
     if not torch.distributed.is_initialized() or not deepspeed.comm.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend)
+        deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 

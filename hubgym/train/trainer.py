@@ -69,9 +69,9 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------------
 
     def model_dir(self) -> str:
-        from hubgym.models import resolve_model
+        from hubgym.train.nodes import resolve_model_once
 
-        return resolve_model(self.cfg.model, setting="the `model` setting")
+        return resolve_model_once(self.cfg.model, setting="the `model` setting")
 
     def engine(self):
         """The vLLM engine serving the current weights (started on first use, restarted if it died)."""
@@ -121,15 +121,25 @@ class Trainer:
         """Train to `total_steps` (resuming from the last checkpoint). A Ctrl-C raises KeyboardInterrupt: the
         step being sampled is dropped, and running the same config again resumes."""
         from hubgym.rollout.interrupt import noting_ctrl_c
+        from hubgym.train.nodes import node_failure
 
-        with noting_ctrl_c(self.worker.stopping):  # a Ctrl-C stops the run even where its exception is swallowed
-            return self._run()
+        try:
+            with noting_ctrl_c(self.worker.stopping):  # a Ctrl-C stops the run even where its exception is swallowed
+                return self._run()
+        except Exception as exc:  # a node that never joined, a peer that died: one line, not a traceback per rank
+            failure = node_failure(exc, timeout_s=self.cfg.dist_timeout_s, output_dir=self.out)
+            if failure is None:
+                raise
+            raise failure from exc
 
     def _run(self) -> TrainResult:
         from hubgym.train.checkpoint import load_checkpoint
-        from hubgym.train.engine import Policy
+        from hubgym.train.engine import Policy, init_distributed
+        from hubgym.train.nodes import check_run_folder_shared
 
         cfg = self.cfg
+        init_distributed(cfg.dist_timeout_s)  # waits for every node, at most dist_timeout_s
+        check_run_folder_shared(self.out)  # before a weight is loaded or a checkpoint written
         self.policy = Policy(self.model_dir(), deepspeed_settings(cfg))
         self.reference = None
         if cfg.loss.beta > 0:  # the KL's reference: the initial weights (the model folder, never a checkpoint)
