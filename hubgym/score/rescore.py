@@ -61,21 +61,23 @@ class RescoreResult:
 
 def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: RevisionArg = None,
             out: str | Path | None = None, workers: int | None = None, trust: bool = False, pin: PinArg = None,
-            hub=None, progress: Progress | None = None, skip_bad: bool = False) -> RescoreResult:
+            hub=None, progress: Progress | None = None, skip_bad: bool = False,
+            scorer: "Scorer | None" = None) -> RescoreResult:
     """Re-score every row of `source` (run folders, shard files, hub refs or record batches).
 
     verifier: `MODULE` (the rows' one env), `ENV=MODULE` (repeatable) or {env: module}; other envs
     keep their current verifier. env_revision: `org/name@rev` (or several), whose verifier scores rows of its
     env (runs only if pinned by `pin`, `REPO=sha256:...` per repo, or `trust`); one source per env. workers: processes (1 = in-process; default: every core
     when the work is worth starting a pool, see Scorer). skip_bad: leave out shards that fail their checks
-    (one SkippedShardsWarning names them) instead of raising ShardError at the first.
+    (one SkippedShardsWarning names them) instead of raising ShardError at the first. scorer: what scores the
+    batches instead of this machine's Scorer (same submit/depth; e.g. hubgym.cluster.ray_score's RayScorer).
     """
     started = time.perf_counter()
     choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
     stored = open_source(source, hub=hub, skip_bad=skip_bad)
     output = RescoreOutput(out, stored.local) if out is not None else None
     tally, run_ids = Tally(), set()
-    with Scorer(workers, stored.rows) as scorer:
+    with scorer or Scorer(workers, stored.rows) as scorer:
         for batch, scores in _in_order(scorer, choice, stored.batches):
             table = with_scores(batch, scores)
             tally.add(table)
