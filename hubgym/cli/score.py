@@ -1,6 +1,7 @@
 """`hubgym score` and `hubgym replay`: re-score stored rollouts, re-run their dynamics and audit their tokens.
 
     hubgym score runs/r1 --verifier my_envs/arith_v2.py --out runs/r1-v2
+    hubgym score runs/r1 --out runs/r1-v2 --ray --ray-address HEAD:6379   # the shards mapped over a Ray cluster
     hubgym replay runs/r1 --model MODEL_DIR      # re-run multi_turn dynamics, audit tokens against the template
 """
 
@@ -36,15 +37,29 @@ def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard 
           pin: Annotated[Optional[list[str]], typer.Option(help="REPO=sha256:<hex>: the verifier a hub env must have "
                                                                 "(repeatable; sha256:<hex> alone with one "
                                                                 "--env-revision)")] = None,
-          skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False) -> None:
+          skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False,
+          ray: Annotated[bool, typer.Option("--ray", help="re-score on a Ray cluster (RAY_ADDRESS's, else a local "
+                                                          "one), one task per shard; sources and --out on a "
+                                                          "filesystem every node sees; needs hubgym\\[ray]")] = False,
+          ray_address: Annotated[Optional[str], typer.Option(help="with --ray: the cluster's head HOST:PORT, or "
+                                                                  "'auto'")] = None) -> None:
     """Re-score stored rollouts with the current or another verifier; print what changed (no model, no tools)."""
     import polars as pl
 
     from hubgym.score.rescore import plot_diff, rescore
 
+    options = {"verifier": verifier, "env_revision": env_revision, "out": out, "workers": workers, "hub": hub,
+               "trust": trust, "pin": pin, "skip_bad": skip_bad}
+    if ray or ray_address is not None:  # connected before the bar starts: an address that does not answer is one line
+        from hubgym.cluster.ray_common import connect
+        from hubgym.cluster.ray_score import rescore_on_ray
+
+        connect(ray_address)
+        run = lambda **kw: rescore_on_ray(sources, address=ray_address, **kw)  # noqa: E731
+    else:
+        run = lambda **kw: rescore(sources, **kw)  # noqa: E731
     with skipped_shards_noted(), views.rows_progress(console(stderr=True), "re-scoring") as advance:
-        result = rescore(sources, verifier=verifier, env_revision=env_revision, out=out, workers=workers, hub=hub,
-                         trust=trust, pin=pin, progress=advance, skip_bad=skip_bad)
+        result = run(progress=advance, **options)
     out_console = console()
     out_console.print(views.frame_table(result.counts, title=f"re-scored {result.rows} rows in {result.seconds:.1f} s "
                                                          f"({result.rows_per_s:,.0f} rows/s)"))
