@@ -12,8 +12,9 @@ ROOT holds:
 Every rank writes into the partial folder (DeepSpeed writes the weights once and one optimizer
 shard per rank); after a barrier rank 0 writes client.json and renames the folder to its final
 name. A rename is atomic, so a checkpoint folder is complete or absent, and a resume takes the
-highest complete step. All ranks must see ROOT (one machine, or a shared file system), and a
-resume needs the same number of processes (DeepSpeed's optimizer shards are per rank).
+highest complete step. All ranks must see ROOT (one machine, or a shared file system: the trainer
+checks it before training, hubgym.train.nodes), and a resume needs the same number of processes
+(DeepSpeed's optimizer shards are per rank).
 """
 
 from __future__ import annotations
