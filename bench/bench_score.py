@@ -80,12 +80,23 @@ def stored_row(i: int, task: dict, completion: list[dict], verifier) -> dict:
 
 
 def write_run(folder: Path, rows: list[dict]) -> Path:
+    """A run folder as `hubgym rollout` leaves one: 512-row shards and a manifest recording each one's sha256."""
     from hubgym.rollout.writer import ShardWriter
+    from hubgym.schemas.version import SCHEMA_VERSION
 
     writer = ShardWriter(folder, "w000of001", max_rows=512)
     for start in range(0, len(rows), 512):
         writer.add_group(rows[start:start + 512])
     writer.flush()
+    envs = {row["env"]: row["provenance"] for row in rows}
+    writer.write_manifest({
+        "schema_version": SCHEMA_VERSION, "run_id": "bench", "worker": writer.worker, "model": "golden",
+        "policy_version": 0, "sampling": "{}", "engine": "none", "engine_version": "0", "chat_template_sha256": None,
+        "envs": {env: {"config": None, "tasks": None, "verifier_module": p["verifier_module"],
+                       "verifier_sha256": p["verifier_sha256"], "env_repo": None, "env_revision": None}
+                 for env, p in envs.items()},
+        "split": "test", "n": 1, "rows": writer.rows_written, "shards": [p.name for p in writer.shards()],
+        "shard_files": writer.shard_files(), "updated_at": dt.datetime.now(dt.timezone.utc).isoformat()})
     return folder
 
 

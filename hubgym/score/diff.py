@@ -16,12 +16,14 @@ from pathlib import Path
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hubgym.score.scoring import RESCORED_BOUNDARY
 
 TOL = 1e-9
 COLUMNS = ["rollout_id", "env", "reward", "metrics", "error", "rescore_reward", "rescore_metrics", "rescore_error"]
 TOTAL = "*"
+PREFIX = "reward/"
 
 
 @dataclass
@@ -40,18 +42,19 @@ class Tally:
         self.parts: dict[str, list[pl.DataFrame]] = {"summary": [], "changes": [], "counts": [], "pairs": []}
 
     def add(self, table: pa.Table | pa.RecordBatch) -> None:
-        self.pending.append(pa.Table.from_batches([table]) if isinstance(table, pa.RecordBatch) else table)
-        self.pending[-1] = self.pending[-1].select(COLUMNS)
+        self.pending.append((pa.Table.from_batches([table]) if isinstance(table, pa.RecordBatch) else table)
+                            .select(COLUMNS))
         self.pending_rows += table.num_rows
         if self.pending_rows >= self.fold_rows:
-            self._fold()
+            self.fold()
 
-    def _fold(self) -> None:
+    def fold(self) -> None:
+        """Aggregate the pending tables into `parts` (small: grows with envs, components and changed rows)."""
         if not self.pending:
             return
-        frame = _flags(pl.from_arrow(pa.concat_tables(self.pending, promote_options="permissive")))
+        table = pa.concat_tables(self.pending, promote_options="permissive")
         self.pending, self.pending_rows = [], 0
-        long = long_form(frame)
+        frame, long = flat_and_long(table)
         self.parts["summary"].append(long.group_by("env", "component").agg(
             pl.len().alias("rows"), pl.col("changed").sum(), pl.col("old").sum().alias("sum_old"),
             pl.col("old").count().alias("n_old"), pl.col("new").sum().alias("sum_new"),
@@ -59,15 +62,15 @@ class Tally:
         self.parts["changes"].append(long.filter("changed").select("rollout_id", "env", "component", "old", "new"))
         self.parts["counts"].append(frame.group_by("env").agg(
             pl.len().alias("rows"), (~pl.col("carried")).sum().alias("rescored"), pl.col("carried").sum(),
-            pl.col("error").is_not_null().sum().alias("stored_errors"),
+            pl.col("stored_error").sum().alias("stored_errors"),
             pl.col("reward").is_null().sum().alias("null_rewards"),
-            (pl.col("rescore_error").is_not_null() & ~pl.col("carried")).sum().alias("rescore_errors"),
+            (pl.col("rescore_error") & ~pl.col("carried")).sum().alias("rescore_errors"),
             changed(pl.col("reward"), pl.col("rescore_reward")).sum().alias("changed")))
         self.parts["pairs"].append(frame.drop_nulls(["reward", "rescore_reward"]).group_by(
             "env", pl.col("reward").round(2).alias("old"), pl.col("rescore_reward").round(2).alias("new")).len("rows"))
 
     def result(self) -> Diff:
-        self._fold()
+        self.fold()
         summary, changes, counts, pairs = (pl.concat(self.parts[k]) if self.parts[k] else None
                                            for k in ("summary", "changes", "counts", "pairs"))
         if summary is None:
@@ -86,6 +89,47 @@ class Tally:
 def changed(old: pl.Expr, new: pl.Expr) -> pl.Expr:
     """Moved by more than TOL, appeared or vanished."""
     return ((old - new).abs() > TOL).fill_null(False) | (old.is_null() != new.is_null())
+
+
+def flat_and_long(table: pa.Table) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(one line per row: rollout_id, env, reward, rescore_reward, carried, stored_error, rescore_error as flags;
+    `long_form`'s lines) of a table with COLUMNS.
+
+    Fast path: where the stored and the new `reward/*` metrics name the same components in the same order on
+    every re-scored row (the same verifier, or one that changed only values), the two sides line up one to
+    one and are paired in Arrow, without decoding the nested columns into polars or joining; anything else
+    (components added, dropped or reordered, duplicated names) takes `long_form`'s join."""
+    error = table.column("error")
+    boundary = pc.struct_field(error, "boundary")
+    carried = pc.fill_null(pc.and_(error.is_valid(), pc.not_equal(boundary, RESCORED_BOUNDARY)), False)
+    frame = pl.from_arrow(pa.table({
+        "rollout_id": table.column("rollout_id"), "env": table.column("env"), "reward": table.column("reward"),
+        "rescore_reward": table.column("rescore_reward"), "carried": carried, "stored_error": error.is_valid(),
+        "rescore_error": table.column("rescore_error").is_valid()}))
+    scored = pc.invert(carried)
+    old = _flat_components(table.column("metrics"), scored)
+    new = _flat_components(table.column("rescore_metrics"), scored)
+    if not (old[0].equals(new[0]) and old[1].equals(new[1])):
+        return frame, long_form(_flags(pl.from_arrow(table)))
+    total = frame.select("rollout_id", "env", pl.lit(TOTAL).alias("component"), pl.col("reward").alias("old"),
+                         pl.col("rescore_reward").alias("new"))
+    rows, names = old[0], old[1]
+    parts = pl.from_arrow(pa.table({
+        "rollout_id": pc.take(table.column("rollout_id"), rows), "env": pc.take(table.column("env"), rows),
+        "component": pc.utf8_slice_codeunits(names, len(PREFIX)), "old": old[2], "new": new[2]}))
+    both = pl.concat([total, parts.select(total.columns)], how="vertical_relaxed")
+    return frame, both.with_columns(changed=changed(pl.col("old"), pl.col("new")))
+
+
+def _flat_components(metrics: pa.ChunkedArray, scored: pa.ChunkedArray) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """(row, name, value) of every `reward/*` metric of the re-scored rows, in row order."""
+    metrics = metrics.combine_chunks()
+    items = pc.list_flatten(metrics)
+    rows = pc.list_parent_indices(metrics)
+    names = pc.struct_field(items, "name")
+    keep = pc.and_(pc.and_(items.is_valid(), pc.starts_with(names, PREFIX)), pc.take(scored, rows))
+    keep = pc.fill_null(keep, False)
+    return rows.filter(keep), names.filter(keep), pc.struct_field(items, "value").filter(keep).cast(pa.float64())
 
 
 def _flags(frame: pl.DataFrame) -> pl.DataFrame:
@@ -108,8 +152,8 @@ def long_form(frame: pl.DataFrame) -> pl.DataFrame:
 
 def _components(frame: pl.DataFrame, column: str, side: str) -> pl.DataFrame:
     return (frame.select("row", "rollout_id", "env", pl.col(column).alias("m")).explode("m").drop_nulls("m")
-            .unnest("m").filter(pl.col("name").str.starts_with("reward/"))
-            .select("row", "rollout_id", "env", pl.col("name").str.strip_prefix("reward/").alias("component"),
+            .unnest("m").filter(pl.col("name").str.starts_with(PREFIX))
+            .select("row", "rollout_id", "env", pl.col("name").str.strip_prefix(PREFIX).alias("component"),
                     pl.col("value").cast(pl.Float64).alias(side)))
 
 

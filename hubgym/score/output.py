@@ -13,12 +13,9 @@ interrupted re-score. Running again replaces the previous re-score in OUT (only 
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 from pathlib import Path
 from typing import Any
-
-import pyarrow as pa
 
 from hubgym.errors import RescoreError
 from hubgym.fileio import atomic_write_bytes
@@ -39,15 +36,13 @@ class RescoreOutput:
         self.shard_dir.mkdir(parents=True, exist_ok=True)
         self.files: dict[str, dict[str, Any]] = {}
 
-    def write(self, table: pa.Table) -> Path:
-        path = self.shard_dir / f"{WORKER}-{len(self.files):05d}.arrow"
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        data = sink.getvalue().to_pybytes()
-        atomic_write_bytes(path, data)
-        self.files[path.name] = {"rows": table.num_rows, "sha256": hashlib.sha256(data).hexdigest()}
-        return path
+    def path(self, index: int) -> Path:
+        """Where output shard `index` goes (its input shard's or batch's place in the source)."""
+        return self.shard_dir / f"{WORKER}-{index:05d}.arrow"
+
+    def record(self, written: dict[str, Any]) -> None:
+        """Note a shard written to `path(...)` (by this process or a worker): its name, rows and sha256."""
+        self.files[written["name"]] = {"rows": written["rows"], "sha256": written["sha256"]}
 
     def shards(self) -> list[Path]:
         return [self.shard_dir / name for name in self.files]

@@ -14,9 +14,11 @@ columns of scoring.RESCORE_SCHEMA; re-scoring a re-scored folder replaces those 
 
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import time
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -27,14 +29,14 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hubgym.errors import ShardError
+from hubgym.errors import NoShardsError, ShardError, SkippedShardsWarning
+from hubgym.hub.shards import ShardSource
 from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
 from hubgym.score.output import RescoreOutput
-from hubgym.score.scoring import RESCORE_SCHEMA, SCORED_COLUMNS, score_batch, score_ipc, slim, to_ipc
+from hubgym.score.scoring import score_batch, score_ipc, slim, to_ipc
+from hubgym.score.shards import ShardResult, check_columns, diff_rows, rescore_shard, with_scores, write_shard
 from hubgym.score.sources import Source, open_source
-
-REQUIRED = sorted({*SCORED_COLUMNS, "rollout_id", "run_id", "reward", "metrics"})
 Progress = Callable[[int, "int | None"], None]  # (rows just re-scored, total rows if known)
 
 __all__ = ["RescoreResult", "plot_diff", "rescore"]
@@ -78,14 +80,16 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
     output = RescoreOutput(out, stored.local) if out is not None else None
     tally, run_ids = Tally(), set()
     with scorer or Scorer(workers, stored.rows) as scorer:
-        for batch, scores in _in_order(scorer, choice, stored.batches):
-            table = with_scores(batch, scores)
-            tally.add(table)
-            run_ids.update(pc.unique(batch.column("run_id")).to_pylist())
-            if output:
-                output.write(table)
+        if stored.shards is not None:  # local shard files: workers read them themselves
+            parts = _shard_parts(scorer, choice, stored.shards, output, skip_bad)
+        else:  # a hub stream or record batches: batches go to the workers
+            parts = _batch_parts(scorer, choice, stored.batches, output)
+        for part in parts:
+            if part.diff_rows is not None:
+                tally.add(part.diff_rows)
+            run_ids.update(part.run_ids)
             if progress:
-                progress(batch.num_rows, stored.rows)
+                progress(part.rows, stored.rows)
     diff = tally.result()
     result = RescoreResult(int(diff.counts["rows"].sum()), int(diff.counts["changed"].sum()), diff.summary,
                            diff.changes, diff.counts, diff.pairs, dict(choice.specs), choice.unused(),
@@ -97,41 +101,80 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
     return result
 
 
-def with_scores(batch: pa.RecordBatch, scores: pa.RecordBatch) -> pa.Table:
-    """The stored batch (minus any earlier rescore_* columns) + the new columns."""
-    keep = [name for name in batch.schema.names if name not in RESCORE_SCHEMA.names]
-    columns = [batch.column(name) for name in keep] + scores.columns
-    fields = [batch.schema.field(name) for name in keep] + list(RESCORE_SCHEMA)
-    return pa.Table.from_batches([pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))])
+def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSource], output: RescoreOutput | None,
+                 skip_bad: bool) -> Iterator[ShardResult]:
+    """Each shard's result, in input order, with at most `scorer.depth()` shards in flight; a shard holding an env
+    no verifier was resolved for yet comes back unscored (`missing`) and is scored again once it is."""
+    specs: dict[str, VerifierSpec] = {}
+    target = (lambda index: output.path(index)) if output else (lambda index: None)
+    pending: deque[tuple[int, ShardSource, Future]] = deque()
+    bad: list[str] = []
 
+    def finished(index: int, shard: ShardSource, future: Future) -> ShardResult | None:
+        part = future.result()
+        while part.missing:
+            specs.update({env: choice.spec(env) for env in part.missing})
+            part = scorer.shard(shard, dict(specs), target(index)).result()
+        if part.error is not None:
+            if not skip_bad:
+                raise ShardError(part.error, shard=part.shard)
+            bad.append(part.shard)
+            return None
+        if output and part.output:
+            output.record(part.output)
+        return part
 
-def _in_order(scorer: "Scorer", choice: VerifierChoice,
-              batches: Iterator[pa.RecordBatch]) -> Iterator[tuple[pa.RecordBatch, pa.RecordBatch]]:
-    """(stored batch, new columns) in input order, with at most `scorer.depth()` batches in flight."""
-    pending: deque[tuple[pa.RecordBatch, Future]] = deque()
-    for number, batch in enumerate(batches):
-        _check_columns(batch, number)
-        specs = {env: choice.spec(env) for env in pc.unique(batch.column("env")).to_pylist()}
-        pending.append((batch, scorer.submit(specs, slim(batch))))
+    for index, shard in enumerate(shards):
+        pending.append((index, shard, scorer.shard(shard, dict(specs), target(index))))
         while len(pending) >= scorer.depth():
-            done, future = pending.popleft()
-            yield done, future.result()
+            if (part := finished(*pending.popleft())) is not None:
+                yield part
     while pending:
-        done, future = pending.popleft()
-        yield done, future.result()
+        if (part := finished(*pending.popleft())) is not None:
+            yield part
+    if bad:
+        warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(shards)} in this read): "
+                                           f"{', '.join(bad)}"), stacklevel=3)
+        if len(bad) == len(shards):
+            raise NoShardsError(f"every one of the {len(shards)} shard(s) read is bad (named in the note above); "
+                                f"re-run the rollout that wrote them, or read another source")
+
+
+def _batch_parts(scorer: "Scorer", choice: VerifierChoice, batches: Iterator[pa.RecordBatch],
+                 output: RescoreOutput | None) -> Iterator[ShardResult]:
+    """Each stored batch's result (its output shard written here), in input order."""
+    pending: deque[tuple[pa.RecordBatch, Future]] = deque()
+
+    def finished(batch: pa.RecordBatch, future: Future) -> ShardResult:
+        table = with_scores(batch, future.result())
+        if output:
+            output.record(write_shard(output.path(len(output.files)), [table]))
+        return ShardResult("", batch.num_rows, diff_rows=diff_rows([table]),
+                           run_ids=set(pc.unique(batch.column("run_id")).to_pylist()))
+
+    for number, batch in enumerate(batches):
+        check_columns(batch, f"record batch {number} of the source")
+        specs = {env: choice.spec(env) for env in pc.unique(batch.column("env")).to_pylist()}
+        pending.append((batch, scorer.batch(specs, slim(batch))))
+        while len(pending) >= scorer.depth():
+            yield finished(*pending.popleft())
+    while pending:
+        yield finished(*pending.popleft())
 
 
 class Scorer:
-    """Scores slim batches in this process, or in a process pool.
+    """Runs re-scoring work (a local shard, or a slim batch) in this process, or in a process pool.
 
     A pool's workers fork from a forkserver: a clean process that imported the scoring code once
     (plain fork would copy this process's threads: vLLM's, torch's, Arrow's; spawn would import
-    everything again in every worker). Starting one costs a second or more, so with `workers=None`
-    the first batch is scored here, and a pool of every core starts only if the rows left would
-    take longer than POOL_WORTH_S in one process.
+    everything again in every worker). Starting one costs a second or more, so the pool is kept for
+    the next re-score in this process (`POOLS`), and with `workers=None` the first piece of work is
+    done here, and a pool of every core starts only if the rows left would take longer than
+    POOL_WORTH_S in one process (or longer than WARM_POOL_WORTH_S when a pool is already running).
     """
 
     POOL_WORTH_S = 2.0
+    WARM_POOL_WORTH_S = 0.05
 
     def __init__(self, workers: int | None, total_rows: int | None):
         self.auto, self.workers = workers is None, workers or os.cpu_count() or 1
@@ -141,38 +184,62 @@ class Scorer:
     def __enter__(self) -> "Scorer":
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.pool is not None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.pool is not None and exc_type is not None:  # a failed re-score leaves no work behind
+            POOLS.pop(self.workers, None)
             self.pool.shutdown(cancel_futures=True)
 
     def depth(self) -> int:
         return 2 * self.workers if self.pool is not None else 1
 
-    def submit(self, specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> Future:
-        if self.pool is None and self.workers > 1 and self._worth_a_pool():
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["hubgym.score.scoring"])
-            self.pool = ProcessPoolExecutor(self.workers, mp_context=context)
-        if self.pool is not None:
+    def shard(self, shard: ShardSource, specs: dict[str, VerifierSpec], out: Path | None) -> Future:
+        """rescore_shard(shard, specs, out), here or in the pool."""
+        return self._run(rescore_shard, (shard, specs, out), lambda part: part.rows if part.done else 0)
+
+    def batch(self, specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> Future:
+        """The new columns of a slim batch, here or in the pool (sent as Arrow IPC bytes)."""
+        if self._use_pool():
             return self.pool.submit(score_ipc, specs, to_ipc(batch))
+        return self._here(score_batch, (specs, batch), lambda _: batch.num_rows)
+
+    def _run(self, work, args: tuple, rows) -> Future:
+        if self._use_pool():
+            return self.pool.submit(work, *args)
+        return self._here(work, args, rows)
+
+    def _here(self, work, args: tuple, rows) -> Future:
         started, future = time.perf_counter(), Future()
-        future.set_result(score_batch(specs, batch))
-        self.rows, self.seconds = self.rows + batch.num_rows, self.seconds + time.perf_counter() - started
+        result = work(*args)
+        future.set_result(result)
+        self.rows, self.seconds = self.rows + rows(result), self.seconds + time.perf_counter() - started
         return future
+
+    def _use_pool(self) -> bool:
+        if self.pool is None and self.workers > 1 and self._worth_a_pool():
+            self.pool = POOLS.get(self.workers)
+            if self.pool is None:
+                context = multiprocessing.get_context("forkserver")
+                context.set_forkserver_preload(["hubgym.score.shards"])
+                self.pool = POOLS[self.workers] = ProcessPoolExecutor(self.workers, mp_context=context)
+        return self.pool is not None
 
     def _worth_a_pool(self) -> bool:
         if not self.auto:
             return True
-        if self.rows == 0:  # score one batch here first, to learn what a row costs
+        if self.rows == 0:  # score here first, to learn what a row costs
             return False
-        return self.total is None or (self.total - self.rows) * self.seconds / self.rows > self.POOL_WORTH_S
+        worth = self.WARM_POOL_WORTH_S if self.workers in POOLS else self.POOL_WORTH_S
+        return self.total is None or (self.total - self.rows) * self.seconds / self.rows > worth
 
 
-def _check_columns(batch: pa.RecordBatch, number: int) -> None:
-    missing = [name for name in REQUIRED if batch.schema.get_field_index(name) < 0]
-    if missing:
-        raise ShardError(f"record batch {number} of the source lacks the rollout column(s) {', '.join(missing)}; "
-                         f"re-score reads shards written by `hubgym rollout` (hubgym's ShardWriter)")
+POOLS: dict[int, ProcessPoolExecutor] = {}  # workers -> a running pool, kept for the next re-score
+
+
+@atexit.register
+def _close_pools() -> None:
+    for pool in POOLS.values():
+        pool.shutdown(cancel_futures=True)
+    POOLS.clear()
 
 
 def _run_id(run_ids: set) -> str:

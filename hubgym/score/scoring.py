@@ -18,15 +18,17 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from itertools import chain
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from hubgym.score.choice import VerifierSpec, load_spec
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
-from hubgym.verifiers.contract import Verifier, last_reply_cut, stored_step_rewards
+from hubgym.verifiers.contract import Score, Verifier, last_reply_cut, stored_step_rewards
 
 SCORED_COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "error", "finish_reason", "metrics")
 METRICS_TYPE = ROLLOUT_SCHEMA.field("metrics").type
@@ -38,7 +40,9 @@ RESCORE_SCHEMA = pa.schema([
     pa.field("rescore_verifier_module", pa.string()),
     pa.field("rescore_verifier_sha256", pa.string()),
 ])
-RESCORED_BOUNDARY = "verifier"  # stored errors of this boundary are scored again; others are carried
+RESCORED_BOUNDARY = "verifier"
+CHUNK_ROWS = 512  # rows decoded and scored together
+PREFIX = "reward/"  # a component's metric name: reward/<component>  # stored errors of this boundary are scored again; others are carried
 
 
 def slim(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -61,13 +65,119 @@ def score_ipc(specs: dict[str, VerifierSpec], data: bytes) -> pa.RecordBatch:
     return score_batch(specs, pa.ipc.open_stream(data).read_next_batch())
 
 
-def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.RecordBatch:
-    """The RESCORE_SCHEMA columns of a `slim` batch; `specs` maps each env in it to its verifier."""
+def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    """The RESCORE_SCHEMA columns of a `slim` batch (or table); `specs` maps each env in it to its verifier.
+
+    The fast path of `score_rows` (same output; the tests compare the two on hostile rows): per row, only
+    the task and completion its verifier reads are built (columns decoded whole with `to_pylist`, `info`
+    parsed with msgspec) and `Verifier.score` is called; the new columns are then built from the scores in
+    bulk: the metrics as flat numpy arrays laid into Arrow (component names dictionary-encoded), not a dict
+    per metric. The collector stays paused until every Python object of the batch is freed, so its next
+    pass has nothing of the batch to walk."""
+    verifiers = {env: load_spec(spec) for env, spec in specs.items()}
+    with collector_paused():
+        return _new_columns(specs, verifiers, batch)
+
+
+def _new_columns(specs: dict[str, VerifierSpec], verifiers: dict[str, Verifier],
+                 batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
+    stored_errors = batch.column("error").to_pylist()
+    scored = [i for i, e in enumerate(stored_errors) if e is None or e["boundary"] == RESCORED_BOUNDARY]
+    rows = batch if len(scored) == batch.num_rows else batch.take(pa.array(scored, pa.int64()))  # carried: not decoded
+    envs, scores = rows.column("env").to_pylist(), []
+    for start in range(0, rows.num_rows, CHUNK_ROWS):  # a chunk's objects stay close together in memory
+        scores += _score_chunk(verifiers, rows.slice(start, CHUNK_ROWS), envs[start:start + CHUNK_ROWS])
+    errors = stored_errors  # carried rows keep their stored error
+    rewards: list[float | None] = [None] * batch.num_rows
+    for i, one in zip(scored, scores):
+        errors[i], rewards[i] = one.error, one.reward
+    successes = [float(one.error is None and verifiers[env].succeeded(one)) for one, env in zip(scores, envs)]
+    order = list(specs)
+    ids = np.full(batch.num_rows, -1, np.int32)
+    position = {env: n for n, env in enumerate(order)}
+    ids[scored] = [position[env] for env in envs]
+    env_ids = pa.array(ids, mask=ids < 0)
+    metrics = _metrics(batch.num_rows, scored, [one.components for one in scores], successes)
+    return pa.RecordBatch.from_arrays([
+        pa.array(rewards, pa.float64()), metrics, pa.array(errors, ERROR_TYPE),
+        _constant_per_env(env_ids, [specs[env].module for env in order]),
+        _constant_per_env(env_ids, [specs[env].sha256 for env in order]),
+    ], schema=RESCORE_SCHEMA)
+
+
+def _score_chunk(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str]) -> list[Score]:
+    """Scores of `rows` (none carried): each row's task and completion built from columns decoded whole."""
+    tasks = [{"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
+              "info": parse_json(info) if isinstance(info, str) else info}
+             for task_id, env, prompt, interaction, info in zip(
+                 rows.column("task_id").to_pylist(), envs, rows.column("prompt").to_pylist(),
+                 rows.column("interaction").to_pylist(), rows.column("info").to_pylist())]
+    completions = rows.column("completion").to_pylist()
+    if len(verifiers) == 1 and not next(iter(verifiers.values())).multi_turn:
+        score = next(iter(verifiers.values())).score
+        return [score(task, completion) for task, completion in zip(tasks, completions)]
+    return _score_each(verifiers, rows, envs, tasks, completions)
+
+
+def _score_each(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str], tasks: list[dict],
+                completions: list[list[dict]]) -> list[Score]:
+    """Scores of rows of several envs or of multi_turn envs (whose last reply may be cut: `last_reply_cut`)."""
+    multi_turn = any(verifier.multi_turn for verifier in verifiers.values())
+    finishes = rows.column("finish_reason").to_pylist() if multi_turn else None
+    metrics = rows.column("metrics").to_pylist() if multi_turn else None  # step rewards: multi_turn only
+    scores = []
+    for i, (env, task, completion) in enumerate(zip(envs, tasks, completions)):
+        verifier = verifiers[env]
+        cut = verifier.multi_turn and last_reply_cut(completion, finishes[i], _count(stored_step_rewards(metrics[i])))
+        scores.append(verifier.score(task, completion, cut=cut))
+    return scores
+
+
+def _metrics(rows: int, scored: list[int], components: list[dict[str, float]], successes: list[float]) -> pa.Array:
+    """The `rescore_metrics` column: each scored row's `reward/<component>` values, then `success` (as the rollout
+    writer lays them out); a carried row's list is empty. Built as flat arrays: no dict per metric."""
+    keys = tuple(components[0]) if components else ()
+    if all(map(keys.__eq__, map(tuple, components))):  # every row has the same components (one verifier): a grid
+        width = len(keys) + 1
+        grid = np.empty((len(components), width), np.float64)
+        grid[:, :-1] = np.fromiter(chain.from_iterable(c.values() for c in components), np.float64,
+                                   len(components) * len(keys)).reshape(len(components), len(keys))
+        grid[:, -1] = successes
+        values, names = grid.reshape(-1), np.tile(np.arange(width, dtype=np.int32), len(components))
+        dictionary, counts = list(keys), np.full(len(components), len(keys), np.int64)
+    else:
+        counts = np.array([len(c) for c in components], np.int64)
+        encoded = pa.array([name for c in components for name in c], pa.string()).dictionary_encode()
+        dictionary = encoded.dictionary.to_pylist()
+        at = np.arange(int(counts.sum())) + np.repeat(np.arange(len(components)), counts)  # success follows each row
+        last = np.cumsum(counts + 1) - 1
+        values, names = np.empty(len(at) + len(last), np.float64), np.empty(len(at) + len(last), np.int32)
+        values[at] = np.fromiter(chain.from_iterable(c.values() for c in components), np.float64, len(at))
+        names[at] = encoded.indices.to_numpy(zero_copy_only=False)
+        values[last], names[last] = successes, len(dictionary)
+    per_row = np.zeros(rows, np.int64)
+    per_row[scored] = counts + 1
+    offsets = np.zeros(rows + 1, np.int32)
+    np.cumsum(per_row, out=offsets[1:])
+    labels = pa.array([f"{PREFIX}{name}" for name in dictionary] + ["success"], pa.string())
+    items = pa.StructArray.from_arrays([pa.DictionaryArray.from_arrays(pa.array(names), labels).cast(pa.string()),
+                                        pa.array(values)], fields=list(METRICS_TYPE.value_type))
+    return pa.ListArray.from_arrays(pa.array(offsets), items, type=METRICS_TYPE)
+
+
+def _constant_per_env(indices: pa.Array, values: list[str]) -> pa.Array:
+    """values[indices[i]] per row (null where the index is: a carried row), without a Python string per row."""
+    return pa.array(values, pa.string()).take(indices) if values else pa.nulls(len(indices), pa.string())
+
+
+def score_rows(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.RecordBatch:
+    """`score_batch` row by row, each row's metrics built as the rollout writer builds them: the plain
+    reference the fast path must equal (the tests compare the two on hostile rows)."""
     verifiers = {env: (load_spec(spec), spec) for env, spec in specs.items()}
     with collector_paused():
         multi_turn = any(verifier.multi_turn for verifier, _ in verifiers.values())
         cols = [batch.column(name).to_pylist() if name != "metrics" or multi_turn else [None] * batch.num_rows
-                for name in SCORED_COLUMNS]  # step rewards matter only to multi_turn verifiers
+                for name in SCORED_COLUMNS]
         values = []
         for task_id, env, prompt, completion, info, interaction, stored_error, finish, metrics in zip(*cols):
             if stored_error is not None and stored_error["boundary"] != RESCORED_BOUNDARY:
@@ -75,7 +185,7 @@ def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.Rec
                 continue
             task = {"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
                     "info": parse_json(info) if isinstance(info, str) else info}
-            multi = verifiers[env][0].multi_turn  # the step rewards are parsed only where they matter
+            multi = verifiers[env][0].multi_turn
             cut = multi and last_reply_cut(completion, finish, _count(stored_step_rewards(metrics)))
             values.append(score_one(*verifiers[env], task, completion, cut=cut))
     columns = zip(*values) if values else [[] for _ in RESCORE_SCHEMA]

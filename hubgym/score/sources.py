@@ -33,6 +33,7 @@ class StoredRollouts:
     rows: int | None  # known before reading for local shards (progress bars), else None
     names: list[str] = field(default_factory=list)  # the sources, as the manifest records them
     local: list[Path] = field(default_factory=list)  # local files and folders read (output must not go there)
+    shards: list[ShardSource] | None = None  # every shard, when all are local files (workers can read them)
 
 
 def open_source(source: Source, *, hub=None, max_rows: int = BATCH_ROWS, skip_bad: bool = False) -> StoredRollouts:
@@ -62,7 +63,8 @@ def _open_paths(sources: list[str], hub, max_rows: int, skip_bad: bool) -> Store
     shards = shard_sources(sources, hub=hub)  # a hub run's index.json is read here, its shards when reached
     batches = (b for loaded in verified_shards(shards, skip_bad=skip_bad) for b in loaded.batches())
     local = [Path(s) for s in sources if Path(s).exists()]
-    return StoredRollouts(_cut(batches, max_rows), _rows(shards), sources, local)
+    every_local = None if any(shard.remote for shard in shards) else shards
+    return StoredRollouts(_cut(batches, max_rows), _rows(shards), sources, local, every_local)
 
 
 def is_hub_ref(source: str) -> bool:
