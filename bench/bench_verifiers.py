@@ -439,9 +439,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per runner, after the warm-up")
     parser.add_argument("--warmup", type=int, default=1, help="untimed runs per runner and workload, first")
     parser.add_argument("--server", choices=["vllm", "instant"], default="vllm",
-                        help="vllm: the tiny model served by vLLM; instant: pre-generated replies at once (client-bound)")
+                        help="vllm: the tiny model served by vLLM; instant: pre-generated replies at once")
     parser.add_argument("--server-workers", type=int, default=1, help="instant server processes")
-    parser.add_argument("--split", default="test", help="the split tasks come from (instant runs want train: more rows)")
+    parser.add_argument("--split", default="test", help="the tasks' split (instant runs want train: more rows)")
     parser.add_argument("--tasks-per-group", type=int, default=0,
                         help="tasks per run = this x groups in flight (capped by the split); 0: --tasks")
     return parser.parse_args(argv)

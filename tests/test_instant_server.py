@@ -106,7 +106,6 @@ def _rows(out: Path) -> list[dict]:
     return [ROLLOUT_FEATURES.decode_example(r) for r in table.to_pylist()]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("env", ["calc_tools:calculator", "wordle", "tictactoe"])
 def test_rollouts_against_it_store_valid_rows_that_pass_the_token_audit_in_both_modes(server, tokenizer, tmp_path, env):
     renderer, turns = ChatRenderer(tokenizer), {}

@@ -429,7 +429,8 @@ class OpenAIEngine:
     Requests go through `http_json.JSONClient` (aiohttp, msgspec), not the openai SDK, whose per-request
     work was most of the client's CPU at 64-256 requests in flight. Connection failures, timeouts, 408,
     409, 429 and 5xx are retried (`max_retries`, exponential backoff); what still fails, and 401/403/404
-    (wrong key or model: every request would fail), raise `EngineError` naming the server. Any other 4xx fails one request: `RequestError`.
+    (wrong key or model: every request would fail), raise `EngineError` naming the server. Any other
+    4xx fails one request: `RequestError`.
     `extra_body` is merged into every request body, e.g. `{"structured_outputs": {"regex": ...}}`.
     `return_token_ids=False` (chat mode only) leaves out vLLM's field for hosted APIs that refuse
     unknown fields; their rows then carry no token ids. `api_key` defaults to $OPENAI_API_KEY.

@@ -81,7 +81,8 @@ class JSONClient:
                 failure = f"{type(exc).__name__}: {exc}"
             if attempt == self.max_retries:
                 raise ServerUnavailable(failure)
-            wait = retry_after if retry_after is not None else min(0.5 * 2 ** attempt, 8.0) * (0.75 + random.random() / 4)
+            backoff = min(0.5 * 2 ** attempt, 8.0) * (0.75 + random.random() / 4)
+            wait = retry_after if retry_after is not None else backoff
             log.info("Retrying request to %s in %.2f seconds (%s)", path, wait, failure)
             await asyncio.sleep(wait)
         raise AssertionError("unreachable")
