@@ -210,9 +210,13 @@ def test_a_broken_process_group_is_one_line_that_says_how_to_resume(tmp_path, mo
                             f"[10.0.0.2]:20382): another rank died, its node left, or a rank waited more than "
                             f"dist_timeout_s=1800 s; nothing after the last checkpoint is kept: start every node "
                             f"again with the same command to resume from {tmp_path / 'checkpoints'}")
-    stalled = dist.DistBackendError("wait timeout after 1800000ms")
-    assert "the process group broke (wait timeout after 1800000ms)" in str(node_failure(stalled, timeout_s=1800,
-                                                                                         output_dir=tmp_path))
+    stalled = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed "
+                           "out waiting 3000ms for recv operation to complete")  # what gloo raises past the timeout
+    assert "the process group broke (Timed out waiting 3000ms for recv operation to complete): another rank died" \
+        in str(node_failure(stalled, timeout_s=3, output_dir=tmp_path))
+    nccl = dist.DistBackendError("wait timeout after 1800000ms")
+    assert "the process group broke (wait timeout after 1800000ms)" in str(node_failure(nccl, timeout_s=1800,
+                                                                                      output_dir=tmp_path))
     assert node_failure(ValueError("a config problem"), timeout_s=1800, output_dir=tmp_path) is None
     assert NodeError("x", rank=1, host="h").__reduce__()[1][2] == {"rank": 1, "host": "h"}  # pickles with its fields
 
@@ -220,3 +224,11 @@ def test_a_broken_process_group_is_one_line_that_says_how_to_resume(tmp_path, mo
 def test_one_process_has_no_folder_to_share(tmp_path):
     check_run_folder_shared(tmp_path / "run")  # no process group: nothing to compare, nothing written
     assert not (tmp_path / "run").exists()
+
+
+def test_a_rendezvous_timeout_names_the_master_and_how_many_joined(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("MASTER_ADDR", "10.0.0.1"), monkeypatch.setenv("MASTER_PORT", "29500")
+    joined = node_failure(dist.DistStoreError("Timed out after 601 seconds waiting for clients. 3/8 clients joined."),
+                          timeout_s=600, output_dir=tmp_path)
+    assert str(joined).startswith(f"rank 0 on {host_name()}: only 3 of 8 processes joined the rendezvous at "
+                                  f"10.0.0.1:29500 within 600 s; start the missing nodes")
