@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -62,12 +63,18 @@ def run_nodes(commands: list[list[str]], cwd: Path) -> list[subprocess.Completed
     rendezvous = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
     env = {k: v for k, v in os.environ.items() if k not in rendezvous}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    procs = [subprocess.Popen(c, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for c in commands]
+    procs = [subprocess.Popen(c, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True) for c in commands]
     done = []
-    for command, proc in zip(commands, procs):
-        out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
-        done.append(subprocess.CompletedProcess(command, proc.returncode, out, None))
+    try:
+        for command, proc in zip(commands, procs):
+            out, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+            done.append(subprocess.CompletedProcess(command, proc.returncode, out, None))
+    finally:
+        for proc in procs:  # a node still running here hung: end it with its workers and vLLM's processes
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     return done
 
 
@@ -227,7 +234,8 @@ def test_one_process_has_no_folder_to_share(tmp_path):
 
 
 def test_a_rendezvous_timeout_names_the_master_and_how_many_joined(tmp_path, monkeypatch):
-    monkeypatch.setenv("RANK", "0"), monkeypatch.setenv("MASTER_ADDR", "10.0.0.1"), monkeypatch.setenv("MASTER_PORT", "29500")
+    for name, value in {"RANK": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
     joined = node_failure(dist.DistStoreError("Timed out after 601 seconds waiting for clients. 3/8 clients joined."),
                           timeout_s=600, output_dir=tmp_path)
     assert str(joined).startswith(f"rank 0 on {host_name()}: only 3 of 8 processes joined the rendezvous at "

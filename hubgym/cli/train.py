@@ -5,7 +5,8 @@
 
 Across nodes every node starts the same command under its launcher (hubgym.train.nodes: what must be shared):
 
-    torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 --master_addr HOST0 --master_port 29500 -m hubgym train train.yaml
+    torchrun --nnodes 2 --node_rank 0 --nproc_per_node 8 --master_addr HOST0 --master_port 29500 \
+        -m hubgym train train.yaml
     deepspeed --no_ssh --node_rank 0 --hostfile hosts --master_addr HOST0 --master_port 29500 --no_local_rank \
         $(which hubgym) train train.yaml
 """
