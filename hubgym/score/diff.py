@@ -52,7 +52,7 @@ class Tally:
         """Aggregate the pending tables into `parts` (small: grows with envs, components and changed rows)."""
         if not self.pending:
             return
-        table = pa.concat_tables(self.pending, promote_options="permissive")
+        table = pa.concat_tables(self.pending, promote_options="permissive").combine_chunks()
         self.pending, self.pending_rows = [], 0
         frame, long = flat_and_long(table)
         self.parts["summary"].append(long.group_by("env", "component").agg(

@@ -21,7 +21,7 @@ import time
 import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import NoShardsError, ShardError, SkippedShardsWarning
-from hubgym.hub.shards import ShardSource
+from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
 from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
 from hubgym.score.output import RescoreOutput
@@ -124,8 +124,10 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
             output.record(part.output)
         return part
 
+    ahead = _Prefetch(shards)
     for index, shard in enumerate(shards):
-        pending.append((index, shard, scorer.shard(shard, dict(specs), target(index))))
+        work = shard if scorer.pooled() else ahead.loaded(index)  # here: checked in a thread meanwhile
+        pending.append((index, shard, scorer.shard(work, dict(specs), target(index))))
         while len(pending) >= scorer.depth():
             if (part := finished(*pending.popleft())) is not None:
                 yield part
@@ -138,6 +140,30 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
         if len(bad) == len(shards):
             raise NoShardsError(f"every one of the {len(shards)} shard(s) read is bad (named in the note above); "
                                 f"re-run the rollout that wrote them, or read another source")
+
+
+class _Prefetch:
+    """Shards loaded and checked (`load_shard`: the sha256 hashing is most of it) one ahead, in a thread, while
+    this process scores the current one (hashing releases the GIL)."""
+
+    def __init__(self, shards: list[ShardSource]):
+        self.shards, self.pool, self.next = shards, ThreadPoolExecutor(1, thread_name_prefix="hubgym-rescore"), None
+
+    def loaded(self, index: int) -> LoadedShard | ShardSource:
+        """Shard `index` loaded (or its source, to be loaded again where its error is reported)."""
+        future = self.next if self.next is not None and self.next[0] == index else None
+        loaded = future[1].result() if future else _load(self.shards[index])
+        self.next = (index + 1, self.pool.submit(_load, self.shards[index + 1])) if index + 1 < len(self.shards) else None
+        if self.next is None:
+            self.pool.shutdown(wait=False)
+        return loaded
+
+
+def _load(shard: ShardSource) -> LoadedShard | ShardSource:
+    try:
+        return load_shard(shard)
+    except ShardError:
+        return shard
 
 
 def _batch_parts(scorer: "Scorer", choice: VerifierChoice, batches: Iterator[pa.RecordBatch],
@@ -192,7 +218,11 @@ class Scorer:
     def depth(self) -> int:
         return 2 * self.workers if self.pool is not None else 1
 
-    def shard(self, shard: ShardSource, specs: dict[str, VerifierSpec], out: Path | None) -> Future:
+    def pooled(self) -> bool:
+        """Whether the next piece of work goes to the pool (starting it, if it is now worth it)."""
+        return self._use_pool()
+
+    def shard(self, shard: ShardSource | LoadedShard, specs: dict[str, VerifierSpec], out: Path | None) -> Future:
         """rescore_shard(shard, specs, out), here or in the pool."""
         return self._run(rescore_shard, (shard, specs, out), lambda part: part.rows if part.done else 0)
 

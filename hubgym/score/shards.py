@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 from hubgym.errors import ShardError
 from hubgym.fileio import atomic_write_bytes
-from hubgym.hub.shards import ShardSource, load_shard
+from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
 from hubgym.score.choice import VerifierSpec
 from hubgym.score.diff import COLUMNS, Diff, Tally
 from hubgym.score.scoring import RESCORE_SCHEMA, SCORED_COLUMNS, score_batch, slim
@@ -61,16 +61,17 @@ class ShardResult:
         return merge_parts([self])
 
 
-def rescore_shard(shard: ShardSource | str | Path, specs: Mapping[str, VerifierSpec],
+def rescore_shard(shard: ShardSource | LoadedShard | str | Path, specs: Mapping[str, VerifierSpec],
                   out: str | Path | None = None) -> ShardResult:
     """Re-score every row of one local shard file with `specs` (env -> verifier); write `out` if given.
 
     Returns before scoring anything when the shard holds an env `specs` lacks (`missing`: resolve those in
     the driver, `VerifierChoice.spec`, and call again) or fails its checks (`error`)."""
     started = time.perf_counter()
-    source = shard if isinstance(shard, ShardSource) else ShardSource(str(shard), str(shard))
+    loaded = shard if isinstance(shard, LoadedShard) else None
+    source = loaded.source if loaded else shard if isinstance(shard, ShardSource) else ShardSource(str(shard), str(shard))
     try:
-        batches = list(load_shard(source).batches())
+        batches = list((loaded or load_shard(source)).batches())
         for number, batch in enumerate(batches):
             check_columns(batch, f"shard {source.name}, record batch {number}")
     except ShardError as exc:
