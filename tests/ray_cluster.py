@@ -7,8 +7,7 @@
 
 Each `ray start --block` runs in a session of its own, with a temp dir of its own (short: Ray's unix socket
 paths must fit 107 bytes) and free ports for every server it opens, so it never meets another cluster on
-the machine. Stopping sends SIGTERM to each session (ray start then stops what it started), then SIGKILL to
-whatever is left of it.
+the machine. Stopping kills each of those sessions and every process under them, by process id.
 """
 
 from __future__ import annotations
@@ -72,19 +71,17 @@ class LocalRayCluster:
             time.sleep(0.2)
 
     def stop(self) -> None:
+        """SIGKILL each of our `ray start` sessions and every process under them (a test cluster keeps nothing)."""
         procs = []
         for proc, _ in self.nodes:
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs += [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)  # the session of our own `ray start`
-        _, alive = psutil.wait_procs(procs, timeout=30)
-        for proc, _ in self.nodes:
-            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-        for left in alive:
+        for left in procs:  # workers and engines that left the session
             with contextlib.suppress(psutil.NoSuchProcess):
                 left.kill()
+        psutil.wait_procs(procs, timeout=30)
         shutil.rmtree(self.root, ignore_errors=True)
 
     def logs(self) -> str:

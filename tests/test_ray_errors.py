@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,24 @@ def test_a_worker_that_keeps_dying_stops_the_run_with_one_line_naming_it(cluster
     assert "died on" in done.stderr and "4 time(s) and was restarted 3 (of at most 3), so the run stops" in done.stderr
     assert "the same command resumes the run" in done.stderr
     assert any(f"worker w00{i}of002" in done.stderr for i in (0, 1))
+
+
+def test_a_verifier_file_a_node_lacks_is_written_from_the_drivers_bytes_and_hashes_the_same(tmp_path):
+    from hubgym.cluster.ray_score import localized, verifier_sources
+    from hubgym.score.choice import VerifierSpec
+    from hubgym.verifiers.contract import load_verifier
+
+    file = tmp_path / "echo_v2.py"
+    file.write_text((BASELINE / "verifier.py").read_text() + "\n# v2\n")
+    spec = VerifierSpec.of(load_verifier(str(file), env="baseline"), "baseline", "module")
+    sources = verifier_sources({"baseline": spec})
+    file.unlink()  # the node this runs on does not have it
+
+    moved = localized({"baseline": spec}, sources)["baseline"]
+
+    assert moved.path != spec.path and Path(moved.path).read_bytes() == sources[spec.path]
+    loaded = subprocess.run(  # a fresh process, as on another node: the module is imported from the written file
+        [sys.executable, "-c", "import sys; from hubgym.score.choice import VerifierSpec, load_spec; "
+                               "print(load_spec(VerifierSpec(*sys.argv[1:])).sha256)", *astuple(moved)],
+        capture_output=True, text=True, timeout=120)
+    assert loaded.stdout.strip() == spec.sha256, loaded.stderr[-2000:]

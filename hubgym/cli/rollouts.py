@@ -87,10 +87,10 @@ def rollout(
     tasks: Annotated[Optional[int], typer.Option(min=1, help="with --mix: tasks to draw (no task twice)")] = None,
     ray: Annotated[bool, typer.Option("--ray", help="run --workers workers (one per shard, one vLLM engine and GPU "
                                                     "each) on a Ray cluster: RAY_ADDRESS's, else a local one; "
-                                                    "needs hubgym[ray]")] = False,
+                                                    "needs hubgym\\[ray]")] = False,
     ray_address: Annotated[Optional[str], typer.Option(help="with --ray: the cluster's head HOST:PORT, or 'auto' "
                                                             "(a cluster started on this machine)")] = None,
-    workers: Annotated[Optional[int], typer.Option(min=1, help="with --ray: workers, one per shard [default: 1]")]
+    workers: Annotated[Optional[int], typer.Option(min=1, help="with --ray: workers, one per shard \\[default: 1]")]
     = None,
     verbose: Verbose = False,
 ) -> None:
