@@ -1,6 +1,7 @@
 """Benchmark re-scoring stored rollouts: hubgym's `rescore` against a `verifiers` Rubric, per built-in env.
 
     python bench/bench_score.py --verifiers-python VENV/bin/python [--rows 4000 --repeats 3]
+    python bench/bench_score.py --no-verifiers --rows 100000 --envs arithmetic,calc_tools,reverse_text --no-write
 
 VENV is a separate virtualenv with `pip install verifiers==0.3.1` plus hubgym's light dependencies
 (this repository goes on its PYTHONPATH, so both sides run the same reward code).
@@ -22,7 +23,10 @@ Then, in one run, per env, `--repeats` times each after one warm-up (medians sho
   multi_turn env and the tool-call shaping of a tool_use env), each calling hubgym's function.
 
 Both sides must reproduce every stored reward (checked), so they do the same work; the ratio is
-hubgym's rows/s over verifiers' (read + score) rows/s.
+hubgym's rows/s over verifiers' (read + score) rows/s. "hubgym / reward code alone" is hubgym's
+1-process rows/s over the reward code's: the framework's own cost (reading and checking the shards,
+decoding rows, building the new columns, the diff). "fixed" is a re-score of one row (one shard): what
+a re-score costs whatever its size. With `--no-verifiers` the verifiers side is left out (large runs).
 """
 
 from __future__ import annotations
@@ -114,10 +118,12 @@ def vllm_run(folder: Path, env: str, tasks: int, n: int) -> Path:
 # ---------------------------------------------------------------- the two sides
 
 def hubgym_rates(run: Path, out: Path, repeats: int) -> dict[str, float]:
-    """Median rows/s of `rescore`: 1 process, every core, 1 process writing shards (after one warm-up)."""
+    """Median rows/s of `rescore`: 1 process, every core, 1 process writing shards (after one warm-up each; the
+    pool of every core is started by its warm-up and kept, as it is for a process that re-scores again)."""
     from hubgym.score.rescore import rescore
 
     rescore(run, workers=1)  # imports the verifier, warms polars: not what a large re-score pays per row
+    rescore(run, workers=os.cpu_count())  # starts the pool
     rates: dict[str, list[float]] = {"one": [], "all": [], "write": []}
     for _ in range(repeats):
         for key, workers, target in (("one", 1, None), ("all", os.cpu_count(), None), ("write", 1, out)):
@@ -126,6 +132,15 @@ def hubgym_rates(run: Path, out: Path, repeats: int) -> dict[str, float]:
                 raise RuntimeError(f"{run}: a re-score with the same verifier changed {result.changed} rows")
             rates[key].append(result.rows_per_s)
     return {key: statistics.median(values) for key, values in rates.items()}
+
+
+def fixed_seconds(folder: Path, env: str, repeats: int) -> float:
+    """Median seconds of a 1-process re-score of a one-row run: the cost that does not grow with rows."""
+    from hubgym.score.rescore import rescore
+
+    run = write_run(folder, golden_rows(env, 1))
+    rescore(run, workers=1)
+    return statistics.median(rescore(run, workers=1).seconds for _ in range(max(repeats, 5)))
 
 
 def reward_code_rate(run: Path, env: str, repeats: int) -> float:
@@ -252,13 +267,15 @@ def main() -> None:
     parser.add_argument("--vllm-env", default="arithmetic:medium", help="env of the real vLLM run ('' for none)")
     parser.add_argument("--vllm-tasks", type=int, default=256)
     parser.add_argument("--n", type=int, default=8, help="samples per task of the vLLM run")
+    parser.add_argument("--envs", help="comma-separated built-in envs to measure (default: all)")
+    parser.add_argument("--no-verifiers", action="store_true", help="leave out the verifiers side")
     parser.add_argument("--no-write", action="store_true", help="do not update bench/RESULTS.md")
     parser.add_argument("--worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return verifiers_worker(args.worker[0], args.worker[1], int(args.worker[2]))
-    if not args.verifiers_python:
-        parser.error("--verifiers-python is required")
+    if not args.verifiers_python and not args.no_verifiers:
+        parser.error("--verifiers-python is required (or --no-verifiers)")
 
     from rich.console import Console
 
@@ -278,23 +295,38 @@ def measure(tmp: Path, args):
 
     from hubgym.builders.registry import BUILTIN_ENVS
 
-    runs = [(env, env, write_run(tmp / env, golden_rows(env, args.rows))) for env in BUILTIN_ENVS]
-    if args.vllm_env:
+    envs = args.envs.split(",") if args.envs else BUILTIN_ENVS
+    runs = [(env, env, write_run(tmp / env, golden_rows(env, args.rows))) for env in envs]
+    if args.vllm_env and not args.envs:
         env = args.vllm_env.split(":")[0]
         runs.append((f"{env} (vLLM run)", env, vllm_run(tmp / "vllm", args.vllm_env, args.vllm_tasks, args.n)))
     cores = os.cpu_count()
-    table = Table("env", "rows", "reward code alone", "hubgym 1 proc", f"hubgym {cores} procs", "hubgym 1 proc + write",
-                  "verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)",
-                  title="re-scoring stored rollouts: rows/s (median of repeats)")
+    columns = ["env", "rows", "reward code alone", "hubgym 1 proc", f"hubgym {cores} procs", "hubgym 1 proc + write",
+               "hubgym / reward code alone (1 proc)", "fixed (ms)"]
+    if not args.no_verifiers:
+        columns += ["verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)"]
+    table = Table(*columns, title="re-scoring stored rollouts: rows/s (median of repeats)")
     for label, env, run in runs:
         floor = reward_code_rate(run, env, args.repeats)
         ours = hubgym_rates(run, tmp / "out" / label.replace(" ", "_"), args.repeats)
-        theirs = verifiers_rates(args.verifiers_python, run, env, args.repeats)
-        best = max(ours["one"], ours["all"])
-        table.add_row(label, f"{theirs['rows']:,}", f"{floor:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
-                      f"{ours['write']:,.0f}", f"{theirs['total']:,.0f}", f"{theirs['score']:,.0f}",
-                      f"{ours['one'] / theirs['total']:.1f}x; {best / theirs['total']:.1f}x")
+        fixed = fixed_seconds(tmp / "one" / label.replace(" ", "_"), env, args.repeats)
+        rows = sum(1 for _ in iter_rows(run))
+        cells = [label, f"{rows:,}", f"{floor:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
+                 f"{ours['write']:,.0f}", f"{ours['one'] / floor:.2f}x", f"{fixed * 1000:.1f}"]
+        if not args.no_verifiers:
+            theirs = verifiers_rates(args.verifiers_python, run, env, args.repeats)
+            best = max(ours["one"], ours["all"])
+            cells += [f"{theirs['total']:,.0f}", f"{theirs['score']:,.0f}",
+                      f"{ours['one'] / theirs['total']:.1f}x; {best / theirs['total']:.1f}x"]
+        table.add_row(*cells)
     return table
+
+
+def iter_rows(run: Path):
+    import pyarrow as pa
+
+    for path in sorted((run / "shards").glob("*.arrow")):
+        yield from range(pa.ipc.open_file(path).read_all().num_rows)
 
 
 def write_results(table: str, args, load_start, load_end) -> None:
@@ -302,8 +334,10 @@ def write_results(table: str, args, load_start, load_end) -> None:
     import pyarrow
     import vllm
 
-    body = (f"Measured {dt.date.today()} with `python bench/bench_score.py --verifiers-python "
-            f"VENV/bin/python --rows {args.rows} --repeats {args.repeats}` on {platform.machine()} "
+    command = " ".join(["python bench/bench_score.py", "--no-verifiers" if args.no_verifiers else
+                        "--verifiers-python VENV/bin/python", f"--rows {args.rows} --repeats {args.repeats}",
+                        f"--envs {args.envs}" if args.envs else ""]).strip()
+    body = (f"Measured {dt.date.today()} with `{command}` on {platform.machine()} "
             f"({os.cpu_count()} cores, no GPU); load average {load_start[0]:.2f} at the start and {load_end[0]:.2f} at "
             f"the end (other jobs shared the machine). verifiers 0.3.1, pyarrow {pyarrow.__version__}, "
             f"vLLM {vllm.__version__}. Each built-in env: its golden cases replicated to {args.rows} stored rows; "

@@ -4,10 +4,13 @@
     result.diff                                  # per env and component: rows whose reward changed
     result.changes                               # exactly which rows and components changed
 
-No model or tool runs: a stored trajectory holds everything its verifier needs.
+No model or tool runs: a stored trajectory holds everything its verifier needs. To spread shards
+over machines yourself (a Ray task per shard, say), map `rescore_shard` over them and combine the
+results with `merge_parts` (see shards.py).
 """
 
 from hubgym.score.diff import plot_diff
 from hubgym.score.rescore import RescoreResult, rescore
+from hubgym.score.shards import ShardResult, merge_parts, rescore_shard
 
-__all__ = ["RescoreResult", "plot_diff", "rescore"]
+__all__ = ["RescoreResult", "ShardResult", "merge_parts", "plot_diff", "rescore", "rescore_shard"]

@@ -6,10 +6,13 @@
     result.diff, result.changes, result.counts                             # polars frames (see diff.py)
 
 No model and no tool runs: a stored row holds the prompt, completion, info and interaction its
-verifier reads, and verifiers are pure, so batches are scored by a process pool in any order and
-put back in input order. At most 2 x workers batches are in flight: memory stays bounded however
-many rows stream through. Output shards (if `out`) keep every column and add the `rescore_*`
-columns of scoring.RESCORE_SCHEMA; re-scoring a re-scored folder replaces those columns.
+verifier reads, and verifiers are pure, so work is done by a process pool in any order and put
+back in input order. Local shard files go to the workers by path: each worker checks, scores and
+writes whole shards (shards.rescore_shard; one output shard per input shard) and sends back only
+the diff's columns. Hub streams and record batches go to them batch by batch (one output shard
+per batch of at most 512 rows). At most 2 x workers pieces are in flight: memory stays bounded
+however many rows stream through. Output shards (if `out`) keep every column and add the
+`rescore_*` columns of scoring.RESCORE_SCHEMA; re-scoring a re-scored folder replaces those columns.
 """
 
 from __future__ import annotations
@@ -125,15 +128,19 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
         return part
 
     ahead = _Prefetch(shards)
-    for index, shard in enumerate(shards):
-        work = shard if scorer.pooled() else ahead.loaded(index)  # here: checked in a thread meanwhile
-        pending.append((index, shard, scorer.shard(work, dict(specs), target(index))))
-        while len(pending) >= scorer.depth():
+    try:
+        for index, shard in enumerate(shards):
+            here = isinstance(scorer, Scorer) and not scorer.pooled()  # another scorer (a cluster's) works elsewhere
+            work = ahead.loaded(index) if here else shard  # here: the next one is checked in a thread meanwhile
+            pending.append((index, shard, scorer.shard(work, dict(specs), target(index))))
+            while len(pending) >= scorer.depth():
+                if (part := finished(*pending.popleft())) is not None:
+                    yield part
+        while pending:
             if (part := finished(*pending.popleft())) is not None:
                 yield part
-    while pending:
-        if (part := finished(*pending.popleft())) is not None:
-            yield part
+    finally:
+        ahead.close()
     if bad:
         warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(shards)} in this read): "
                                            f"{', '.join(bad)}"), stacklevel=3)
@@ -147,16 +154,23 @@ class _Prefetch:
     this process scores the current one (hashing releases the GIL)."""
 
     def __init__(self, shards: list[ShardSource]):
-        self.shards, self.pool, self.next = shards, ThreadPoolExecutor(1, thread_name_prefix="hubgym-rescore"), None
+        self.shards, self.pool, self.next = shards, None, None
 
     def loaded(self, index: int) -> LoadedShard | ShardSource:
         """Shard `index` loaded (or its source, to be loaded again where its error is reported)."""
         future = self.next if self.next is not None and self.next[0] == index else None
         loaded = future[1].result() if future else _load(self.shards[index])
-        self.next = (index + 1, self.pool.submit(_load, self.shards[index + 1])) if index + 1 < len(self.shards) else None
-        if self.next is None:
-            self.pool.shutdown(wait=False)
+        self.next = None
+        if index + 1 < len(self.shards):
+            self.pool = self.pool or ThreadPoolExecutor(1, thread_name_prefix="hubgym-rescore")
+            self.next = (index + 1, self.pool.submit(_load, self.shards[index + 1]))
+        else:
+            self.close()
         return loaded
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _load(shard: ShardSource) -> LoadedShard | ShardSource:
