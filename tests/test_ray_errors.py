@@ -31,8 +31,8 @@ def error_lines(done: subprocess.CompletedProcess) -> list[str]:
 
 
 def test_without_ray_installed_each_command_says_how_to_install_it(tiny_model, tmp_path):
-    script = ("import sys; sys.modules['ray'] = None; from hubgym.cli import main; sys.argv = ['hubgym', *sys.argv[1:]]; "
-              "main()")
+    script = ("import sys; sys.modules['ray'] = None; from hubgym.cli import main; "
+              "sys.argv = ['hubgym', *sys.argv[1:]]; main()")
     for args in (["rollout", "arithmetic:easy", "--model", str(tiny_model), "--out", str(tmp_path / "run"), "--ray"],
                  ["score", str(tmp_path), "--ray"]):
         done = subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=120)

@@ -5,7 +5,7 @@
     with ClusterProgress(workers=4, n=8) as bar:
         bar.show(ray.get(board.snapshot.remote()))           # the driver, every half second
 
-    groups ━━━━━━━━━━━━━━━━━━━━ 60/64 rollouts 480/512 · 64 resumed · 0 failed · 51,200 tok · 3,100 tok/s · 4/4 workers
+    groups ━━━━━━━━━━ 60/64 rollouts 480/512 · 64 resumed · 0 failed · 51,200 tok · 3,100 tok/s · 4/4 workers started
 
 A worker sends its *totals* (groups done, rollouts, failed rows, tokens), at most every `every_s` seconds: a
 lost or repeated report changes nothing, and a restarted worker simply reports again from what it stored, so
@@ -55,8 +55,9 @@ class BoardListener:
 
     def advanced(self, rows: Sequence[dict[str, Any]], tokens: int) -> None:
         totals = self.totals
+        failed = sum(r["reward"] is None for r in rows)
         totals.update(done=totals["done"] + 1, rollouts=totals["rollouts"] + len(rows),
-                      failed=totals["failed"] + sum(r["reward"] is None for r in rows), tokens=totals["tokens"] + tokens)
+                      failed=totals["failed"] + failed, tokens=totals["tokens"] + tokens)
         if time.monotonic() - self.sent >= self.every_s:
             self.send()
 
@@ -73,7 +74,7 @@ class ClusterProgress:
         self.progress = Progress(TextColumn("[bold]groups"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), disable=not enabled,
                                  **({"console": console} if console is not None else {}))
-        self.task = self.progress.add_task("groups", total=None, stats=f"0/{workers} workers")
+        self.task = self.progress.add_task("groups", total=None, stats=f"0/{workers} workers started")
 
     @property
     def console(self) -> Console:
@@ -101,4 +102,4 @@ class ClusterProgress:
         resumed = f" · {total('resumed')} resumed" if total("resumed") else ""
         running = sum(1 for s in shards.values() if s.get("attempts"))
         return (f"rollouts {total('rollouts')}/{planned}{resumed} · {total('failed')} failed · "
-                f"{total('tokens'):,} tok · {rate:,.0f} tok/s · {running}/{self.workers} workers")
+                f"{total('tokens'):,} tok · {rate:,.0f} tok/s · {running}/{self.workers} workers started")

@@ -96,7 +96,10 @@ def run_on_ray(config: RolloutConfig, *, workers: int, address: str | None = Non
 
 def rollout_worker(config: RolloutConfig, settings: dict[str, Any], probe: Probe, board: Any, cwd: str) -> RunSummary:
     """One shard, in a Ray worker: the same run_rollouts call a hand-started worker makes."""
-    board.scheduled.remote(config.shard_index, node_label(), os.getpid())
+    import ray
+
+    # Waited for: a worker killed a moment later must still have been counted (restarts are told from this).
+    ray.get(board.scheduled.remote(config.shard_index, node_label(), os.getpid()))
     check_probe(probe)  # before anything is written: a node that does not see the run folder stops here
     if os.path.isdir(cwd):  # relative env folders resolve as on the driver
         os.chdir(cwd)
@@ -122,7 +125,10 @@ def make_worker_engine(config: RolloutConfig, settings: dict[str, Any]):
 
 def forwarded_env() -> dict[str, str]:
     """The driver's settings that workers on other nodes need too (hub location, offline mode, vLLM's)."""
-    return {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(("HUBGYM_", "VLLM_"))}
+    from hubgym.rollout.reaper import TOKEN_VAR  # marks the processes of *this* process's engines: never passed on
+
+    return {k: v for k, v in os.environ.items()
+            if (k in FORWARDED_ENV or k.startswith(("HUBGYM_", "VLLM_"))) and k != TOKEN_VAR}
 
 
 class ClusterWatch:
@@ -134,6 +140,7 @@ class ClusterWatch:
         self.waiting_said: int | None = None
         self.attempts: dict[int, int] = {}
         self.nodes = self.alive_nodes()
+        self.head = ray.get_runtime_context().gcs_address  # what `ray start --address` takes on a new node
 
     def alive_nodes(self) -> dict[str, str]:
         return {n["NodeID"]: n.get("NodeManagerAddress", "?") for n in self.ray.nodes() if n.get("Alive")}
@@ -152,7 +159,7 @@ class ClusterWatch:
             self.say(f"{waiting} of {self.workers} workers wait for resources (each needs "
                      f"{resources_text(self.need)}; the cluster's {len(nodes)} node(s) have "
                      f"{resources_text(self.ray.cluster_resources())}, {free} free): they start when a node with "
-                     f"room joins (`ray start --address <head>`) or a running worker ends")
+                     f"room joins (`ray start --address {self.head}`) or a running worker ends")
         else:
             self.say(f"all {self.workers} workers have started")
         self.waiting_said = waiting
