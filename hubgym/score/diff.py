@@ -11,6 +11,7 @@ changed, not with the rows read.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,11 +36,16 @@ class Diff:
 
 
 class Tally:
-    """Accumulates re-scored tables (each with COLUMNS) into a Diff."""
+    """Accumulates re-scored tables (each with COLUMNS) into a Diff.
 
-    def __init__(self, fold_rows: int = 65536):
+    background: fold in a thread of its own (the Arrow and polars work releases the GIL, so it overlaps the
+    scoring this process does meanwhile); `result` waits for it."""
+
+    def __init__(self, fold_rows: int = 65536, *, background: bool = False):
         self.fold_rows, self.pending, self.pending_rows = fold_rows, [], 0
         self.parts: dict[str, list[pl.DataFrame]] = {"summary": [], "changes": [], "counts": [], "pairs": []}
+        self.folding: list[Future] = []
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="hubgym-tally") if background else None
 
     def add(self, table: pa.Table | pa.RecordBatch) -> None:
         self.pending.append((pa.Table.from_batches([table]) if isinstance(table, pa.RecordBatch) else table)
@@ -52,25 +58,26 @@ class Tally:
         """Aggregate the pending tables into `parts` (small: grows with envs, components and changed rows)."""
         if not self.pending:
             return
-        table = pa.concat_tables(self.pending, promote_options="permissive").combine_chunks()
-        self.pending, self.pending_rows = [], 0
-        frame, long = flat_and_long(table)
-        self.parts["summary"].append(long.group_by("env", "component").agg(
-            pl.len().alias("rows"), pl.col("changed").sum(), pl.col("old").sum().alias("sum_old"),
-            pl.col("old").count().alias("n_old"), pl.col("new").sum().alias("sum_new"),
-            pl.col("new").count().alias("n_new"), (pl.col("old") - pl.col("new")).abs().max().alias("max_abs_delta")))
-        self.parts["changes"].append(long.filter("changed").select("rollout_id", "env", "component", "old", "new"))
-        self.parts["counts"].append(frame.group_by("env").agg(
-            pl.len().alias("rows"), (~pl.col("carried")).sum().alias("rescored"), pl.col("carried").sum(),
-            pl.col("stored_error").sum().alias("stored_errors"),
-            pl.col("reward").is_null().sum().alias("null_rewards"),
-            (pl.col("rescore_error") & ~pl.col("carried")).sum().alias("rescore_errors"),
-            changed(pl.col("reward"), pl.col("rescore_reward")).sum().alias("changed")))
-        self.parts["pairs"].append(frame.drop_nulls(["reward", "rescore_reward"]).group_by(
-            "env", pl.col("reward").round(2).alias("old"), pl.col("rescore_reward").round(2).alias("new")).len("rows"))
+        tables, self.pending, self.pending_rows = self.pending, [], 0
+        if self.executor is not None:
+            self.folding.append(self.executor.submit(aggregate, tables))
+        else:
+            self._keep(aggregate(tables))
+
+    def _keep(self, parts: dict[str, pl.DataFrame]) -> None:
+        for key, frame in parts.items():
+            self.parts[key].append(frame)
+
+    def _settle(self) -> None:
+        for future in self.folding:
+            self._keep(future.result())
+        self.folding = []
+        if self.executor is not None:
+            self.executor.shutdown()
 
     def result(self) -> Diff:
         self.fold()
+        self._settle()
         summary, changes, counts, pairs = (pl.concat(self.parts[k]) if self.parts[k] else None
                                            for k in ("summary", "changes", "counts", "pairs"))
         if summary is None:
@@ -84,6 +91,28 @@ class Tally:
         counts = counts.group_by("env").agg(pl.all().sum()).sort("env")
         pairs = pairs.group_by("env", "old", "new").agg(pl.col("rows").sum()).sort("env", "old", "new")
         return Diff(summary, changes.sort("env", "rollout_id", "component"), counts, pairs)
+
+
+def aggregate(tables: list[pa.Table]) -> dict[str, pl.DataFrame]:
+    """Tally.parts of some re-scored tables: per (env, component) sums, the changed values, per-env counts and
+    the (old, new) reward pairs."""
+    table = pa.concat_tables(tables, promote_options="permissive").combine_chunks()
+    frame, long = flat_and_long(table)
+    return {
+        "summary": long.group_by("env", "component").agg(
+            pl.len().alias("rows"), pl.col("changed").sum(), pl.col("old").sum().alias("sum_old"),
+            pl.col("old").count().alias("n_old"), pl.col("new").sum().alias("sum_new"),
+            pl.col("new").count().alias("n_new"), (pl.col("old") - pl.col("new")).abs().max().alias("max_abs_delta")),
+        "changes": long.filter("changed").select("rollout_id", "env", "component", "old", "new"),
+        "counts": frame.group_by("env").agg(
+            pl.len().alias("rows"), (~pl.col("carried")).sum().alias("rescored"), pl.col("carried").sum(),
+            pl.col("stored_error").sum().alias("stored_errors"),
+            pl.col("reward").is_null().sum().alias("null_rewards"),
+            (pl.col("rescore_error") & ~pl.col("carried")).sum().alias("rescore_errors"),
+            changed(pl.col("reward"), pl.col("rescore_reward")).sum().alias("changed")),
+        "pairs": frame.drop_nulls(["reward", "rescore_reward"]).group_by(
+            "env", pl.col("reward").round(2).alias("old"), pl.col("rescore_reward").round(2).alias("new")).len("rows"),
+    }
 
 
 def changed(old: pl.Expr, new: pl.Expr) -> pl.Expr:

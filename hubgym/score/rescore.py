@@ -81,7 +81,7 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
     choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
     stored = open_source(source, hub=hub, skip_bad=skip_bad)
     output = RescoreOutput(out, stored.local) if out is not None else None
-    tally, run_ids = Tally(), set()
+    tally, run_ids = Tally(background=True), set()
     with scorer or Scorer(workers, stored.rows) as scorer:
         if stored.shards is not None:  # local shard files: workers read them themselves
             parts = _shard_parts(scorer, choice, stored.shards, output, skip_bad)
