@@ -40,6 +40,11 @@ def wait_for(condition, what: str, proc: subprocess.Popen, log: Path, timeout_s:
         time.sleep(0.2)
 
 
+def said(log: Path) -> str:
+    """What the command printed so far, with every run of whitespace (a wrapped line too) as one space."""
+    return " ".join(log.read_text().split())
+
+
 def manifest_rows(out: Path, worker: str) -> int:
     path = out / f"manifest-{worker}.json"
     return json.loads(path.read_text())["rows"] if path.exists() else 0
@@ -66,13 +71,14 @@ def test_a_ray_run_with_a_late_node_and_a_killed_worker_writes_what_hand_started
                str(TASKS), "--concurrency", "2", "--max-model-len", "1024", "--max-tokens", str(MAX_TOKENS), "--out",
                str(out), "--ray", "--ray-address", address, "--workers", str(WORKERS), "--push", "test/rollouts",
                "--hub", str(tmp_path / "hub")]
+    wide = {**os.environ, "COLUMNS": "300"}  # lines and tables unwrapped
     with open(log, "w") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=wide)
     try:
-        wait_for(lambda: "1 of 2 workers wait for resources (each needs 1 CPU" in log.read_text(), "the waiting line",
+        wait_for(lambda: "1 of 2 workers wait for resources (each needs 1 CPU" in said(log), "the waiting line",
                  proc, log)
         cluster.add_node(num_cpus=1)
-        wait_for(lambda: "all 2 workers have started" in log.read_text(), "the second worker", proc, log)
+        wait_for(lambda: "all 2 workers have started" in said(log), "the second worker", proc, log)
 
         victim = "w001of002"  # killed once its first groups are on disk (by time: no shard is full)
         wait_for(lambda: manifest_rows(out, victim) > 0, "a first flush of the victim", proc, log)
@@ -83,7 +89,7 @@ def test_a_ray_run_with_a_late_node_and_a_killed_worker_writes_what_hand_started
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    text = " ".join(log.read_text().split())
+    text = said(log)
     assert proc.returncode == 0, log.read_text()[-4000:] + cluster.logs()
     assert "joined the cluster" in text
     assert f"worker {victim} died and Ray started it again" in text and f"{victim} restarted 1x" in text
@@ -112,7 +118,6 @@ def test_a_ray_run_with_a_late_node_and_a_killed_worker_writes_what_hand_started
     source = Path(arithmetic_verifier.__file__).read_text()
     assert "formatted: 0.0}" in source
     verifier.write_text(source.replace("formatted: 0.0}", "formatted: 0.5}"))
-    wide = {**os.environ, "COLUMNS": "300"}  # tables on unwrapped lines
     here = subprocess.run([HUBGYM, "score", str(out), "--verifier", str(verifier), "--out", str(tmp_path / "on-one")],
                           capture_output=True, text=True, timeout=300, env=wide)
     there = subprocess.run([HUBGYM, "score", str(out), "--verifier", str(verifier), "--out", str(tmp_path / "on-ray"),
