@@ -4,8 +4,8 @@
     check_run_folder_shared(Path(cfg.output_dir))                  # every rank, before any step or checkpoint
     try:
         ...
-    except Exception as exc:
-        raise node_failure(exc, cfg) or exc                        # a dead peer or a timeout: one NodeError line
+    except Exception as exc:                                       # a dead peer or a timeout: one NodeError line
+        raise node_failure(exc, timeout_s=cfg.dist_timeout_s, output_dir=cfg.output_dir) or exc
 
 Every rank writes its share of each checkpoint (its optimizer shard, its RNG) into OUT/checkpoints and rank 0
 renames the folder into place, so OUT must be one folder that every node sees at the same path (a shared
@@ -19,10 +19,17 @@ workers, and every collective under gloo and NCCL). Ranks other than 0 wait in a
 samples online rollouts or evaluates with vLLM, so it must exceed the longest of those (default 30 minutes,
 torch's own default). torchrun's agents rendezvous before hubgym starts: `--rdzv-conf timeout=S` bounds
 that wait (torch's default: 600 s).
+
+Nothing here assumes that LOCAL_RANK 0 is global rank 0 or that one node holds every rank: the vLLM engine,
+metrics, online rollouts, evaluation and the export belong to global rank 0; each node resolves the model
+itself (the tiny model under a lock: every rank of a node resolves it); DeepSpeed broadcasts rank 0's initial
+weights. A dead worker ends the run on every node; the same commands resume it from the last checkpoint
+(torchrun's `--rdzv-backend c10d --max-restarts K` does that by itself, K times).
 """
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 import socket
@@ -93,8 +100,6 @@ _CONNECT = re.compile(r"trying to connect to \(([^,]+), (\d+)\)")
 def node_failure(exc: BaseException, *, timeout_s: float, output_dir: str | Path) -> NodeError | None:
     """The one-line NodeError for a rendezvous that timed out or a process group that broke (a peer died, a
     node left, a rank stalled past the timeout); None for any other exception."""
-    import os
-
     import torch.distributed as dist
 
     if not isinstance(exc, dist.DistError) and not _gloo_peer_lost(exc):
@@ -137,8 +142,6 @@ def resolve_model_once(model: str, *, setting: str) -> str:
     """`hubgym.models.resolve_model`, with the tiny model made by one process per machine: every rank of a node
     resolves it (LOCAL_RANK 0 is not special), and the tiny model's folder is written without a lock of its own.
     SmolLM2 converts under its own lock; folders and the Hub cache need none."""
-    import os
-
     from hubgym.models import TINY, resolve_model
 
     if model != TINY:
