@@ -38,7 +38,7 @@ from pathlib import Path
 from hubgym.errors import HubgymError
 from hubgym.fileio import atomic_write_bytes
 
-NONCE_FILE = ".hubgym-nodes-nonce"  # rank 0 writes it at the start; removed once every rank has read it
+NONCE_PREFIX = ".hubgym-nodes-"  # + the nonce: rank 0 writes it at the start; removed once every rank has read it
 SHARED_FS_FIX = ("put output_dir on a filesystem every node mounts at the same path (NFS, Lustre, a shared "
                  "disk) and start every node with that output_dir, or train on one node")
 
@@ -59,7 +59,9 @@ def host_name() -> str:
 def check_run_folder_shared(folder: Path) -> None:
     """Raise NodeError on every rank if any rank cannot see what rank 0 writes into `folder` (call on every rank).
 
-    The nonce is new each run and compared by value, so a stale copy of OUT on a node's local disk fails too.
+    The nonce is new each run and compared by value, so a stale copy of OUT on a node's local disk fails too. It is
+    also the file's name: a name no node has looked up before cannot be answered from a network filesystem's
+    cache of earlier lookups (NFS caches "no such file" answers for a few seconds).
     """
     import torch.distributed as dist
 
@@ -68,9 +70,12 @@ def check_run_folder_shared(folder: Path) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     box = [secrets.token_hex(16) if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
-    nonce, path = box[0], Path(folder) / NONCE_FILE
+    nonce = box[0]
+    path = Path(folder) / f"{NONCE_PREFIX}{nonce}"
     if rank == 0:
         Path(folder).mkdir(parents=True, exist_ok=True)
+        for left in Path(folder).glob(f"{NONCE_PREFIX}*"):  # a killed run's
+            left.unlink(missing_ok=True)
         atomic_write_bytes(path, nonce.encode())
     dist.barrier()
     seen = _read_text(path) == nonce
