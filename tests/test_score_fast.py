@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import os
 import textwrap
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.score import rescore
 from hubgym.score.choice import VerifierChoice, VerifierSpec
+from hubgym.score.rescore import POOLS
 from hubgym.score.diff import COLUMNS, Tally, _flags, flat_and_long, long_form
 from hubgym.score.scoring import SCORED_COLUMNS, score_batch, score_rows
 from hubgym.score.shards import merge_parts, rescore_shard
@@ -258,3 +260,5 @@ def test_two_processes_read_shards_themselves_and_give_what_one_gives(run, tmp_p
     assert [p.name for p in one.shards] == [p.name for p in two.shards]
     for a, b in zip(one.shards, two.shards):
         assert a.read_bytes() == b.read_bytes()
+    pool = POOLS[(os.getpid(), 2)]  # kept: the next re-score in this process does not start one again
+    assert rescore(run, workers=2).rows == one.rows and POOLS[(os.getpid(), 2)] is pool

@@ -226,7 +226,7 @@ class Scorer:
 
     def __exit__(self, exc_type, *exc) -> None:
         if self.pool is not None and exc_type is not None:  # a failed re-score leaves no work behind
-            POOLS.pop(self.workers, None)
+            POOLS.pop(_key(self.workers), None)
             self.pool.shutdown(cancel_futures=True)
 
     def depth(self) -> int:
@@ -260,11 +260,11 @@ class Scorer:
 
     def _use_pool(self) -> bool:
         if self.pool is None and self.workers > 1 and self._worth_a_pool():
-            self.pool = POOLS.get(self.workers)
+            self.pool = POOLS.get(_key(self.workers))
             if self.pool is None:
                 context = multiprocessing.get_context("forkserver")
                 context.set_forkserver_preload(["hubgym.score.shards"])
-                self.pool = POOLS[self.workers] = ProcessPoolExecutor(self.workers, mp_context=context)
+                self.pool = POOLS[_key(self.workers)] = ProcessPoolExecutor(self.workers, mp_context=context)
         return self.pool is not None
 
     def _worth_a_pool(self) -> bool:
@@ -272,17 +272,23 @@ class Scorer:
             return True
         if self.rows == 0:  # score here first, to learn what a row costs
             return False
-        worth = self.WARM_POOL_WORTH_S if self.workers in POOLS else self.POOL_WORTH_S
+        worth = self.WARM_POOL_WORTH_S if _key(self.workers) in POOLS else self.POOL_WORTH_S
         return self.total is None or (self.total - self.rows) * self.seconds / self.rows > worth
 
 
-POOLS: dict[int, ProcessPoolExecutor] = {}  # workers -> a running pool, kept for the next re-score
+POOLS: dict[tuple[int, int], ProcessPoolExecutor] = {}  # (process id, workers) -> a pool kept for the next re-score
+
+
+def _key(workers: int) -> tuple[int, int]:
+    """A pool belongs to the process that started it: a forked child (a data loader's) never uses or stops it."""
+    return os.getpid(), workers
 
 
 @atexit.register
 def _close_pools() -> None:
-    for pool in POOLS.values():
-        pool.shutdown(cancel_futures=True)
+    for (pid, _), pool in list(POOLS.items()):
+        if pid == os.getpid():
+            pool.shutdown(cancel_futures=True)
     POOLS.clear()
 
 
