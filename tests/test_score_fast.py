@@ -29,8 +29,8 @@ from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.score import rescore
 from hubgym.score.choice import VerifierChoice, VerifierSpec
-from hubgym.score.rescore import POOLS
 from hubgym.score.diff import COLUMNS, Tally, _flags, flat_and_long, long_form
+from hubgym.score.rescore import POOLS
 from hubgym.score.scoring import SCORED_COLUMNS, score_batch, score_rows
 from hubgym.score.shards import merge_parts, rescore_shard
 
