@@ -1,9 +1,12 @@
 """Score one record batch of stored rollouts: the work a re-score spreads over processes.
 
-A worker gets only the columns scoring reads (`slim`: no token ids, `info` as JSON text, so
-nothing needs the `datasets` extension types), sent as Arrow IPC bytes, and returns only the new
-columns as a record batch. Columns are decoded whole (`Array.to_pylist`), ~10x faster than
-decoding a batch row by row, and `info` is parsed with msgspec (`parse_json`). The
+    new = score_batch({"arithmetic": VerifierChoice().spec("arithmetic")}, slim(batch))   # RESCORE_SCHEMA columns
+
+Scoring reads only a few columns (`slim`: no token ids, `info` as JSON text, so nothing needs the
+`datasets` extension types); a batch of a stream goes to a worker as Arrow IPC bytes of those, a
+local shard by its path (shards.py). Only the new columns come back. Columns are decoded whole
+(`Array.to_pylist`), ~10x faster than decoding a batch row by row, `info` is parsed with msgspec
+(`parse_json`), and the new columns are built in bulk from the scores (`_metrics`). The
 cyclic garbage collector is paused while a batch is scored: a batch allocates some tens of thousands
 of short-lived dicts and lists, freed by reference counting, and with the collector running each
 of its full passes walks every object of the process (measured: 66k instead of 111k rows/s over
