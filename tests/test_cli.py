@@ -207,3 +207,15 @@ def test_console_script_smoke(tmp_path):
                             capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert tested.returncode == 0, tested.stdout + tested.stderr
     assert "2 passed" in tested.stdout
+
+
+def test_the_local_rank_deepspeeds_launcher_puts_before_the_command_is_dropped():
+    """`deepspeed ... $(which hubgym) train cfg.yaml` runs `hubgym --local_rank=0 train cfg.yaml`."""
+    result = subprocess.run([sys.executable, "-m", "hubgym", "--local_rank=0", "envs", "arithmetic", "--format", "names"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "arithmetic" in result.stdout.split()
+    from hubgym.cli import without_launcher_rank
+
+    assert without_launcher_rank(["--local_rank", "1", "train", "c.yaml"]) == ["train", "c.yaml"]
+    assert without_launcher_rank(["train", "--local_rank=1"]) == ["train", "--local_rank=1"]  # only before the command

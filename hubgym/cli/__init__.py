@@ -13,6 +13,8 @@ Tables and progress bars come from hubgym.views, which the main job uses too; no
 imports it.
 """
 
+import sys
+
 from hubgym.cli.app import app
 
 # Each module registers its commands on `app`, in the order `hubgym --help` lists them.
@@ -23,4 +25,15 @@ __all__ = ["app", "main"]
 
 def main() -> None:
     """Console-script entry point (`hubgym`, `python -m hubgym`)."""
+    sys.argv[1:] = without_launcher_rank(sys.argv[1:])
     app()
+
+
+def without_launcher_rank(args: list[str]) -> list[str]:
+    """The arguments without the `--local_rank=N` that DeepSpeed's launcher puts before the command (unless
+    started with `--no_local_rank`); the same value is in $LOCAL_RANK, which is what the trainer reads."""
+    if args and args[0].startswith("--local_rank="):
+        return args[1:]
+    if len(args) > 1 and args[0] == "--local_rank":
+        return args[2:]
+    return args

@@ -42,7 +42,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
 
     set_verbose(verbose)
     from hubgym.train.config import describe_options, load_config
-    from hubgym.train.nodes import resolve_model_once
+    from hubgym.models import resolve_model
 
     if options:
         table = Table("option", "default", "what it does", title="training options (YAML keys; --set key=value)")
@@ -53,7 +53,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     from hubgym.train.trainer import Trainer
 
     cfg = load_config(config, set_ or [])
-    resolve_model_once(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
+    resolve_model(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
     trainer = Trainer(cfg, console=console(), hub=hub, trust=trust, pins=parse_pin_options(pin))
     try:
         result = trainer.run()

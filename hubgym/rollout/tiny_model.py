@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,14 +70,41 @@ def _train_tokenizer(vocab_size: int):
 
 
 def make_tiny_model(out_dir: str | Path, config: TinyModelConfig = TinyModelConfig()) -> Path:
-    """Write model + tokenizer to `out_dir` (created) and return it. Reuses a complete folder as is."""
+    """Write model + tokenizer to `out_dir` and return it. Reuses a complete folder as is.
+
+    Safe with several processes at once (the ranks of a node, Ray workers on one machine): one makes the
+    folder under a file lock beside it, in a staging folder renamed into place, so nobody ever reads a
+    half-written model and a process killed while writing leaves only its staging folder (removed next time).
+    """
+    from filelock import FileLock
+
+    out = Path(out_dir)
+    if _complete(out, config):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out.parent / f".{out.name}.lock")):
+        if _complete(out, config):  # another process made it while this one waited
+            return out
+        staging = out.parent / f".{out.name}.staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        _write_tiny_model(staging, config)
+        shutil.rmtree(out, ignore_errors=True)  # an older config's folder, or one from before staging existed
+        staging.rename(out)
+    return out
+
+
+def _complete(out: Path, config: TinyModelConfig) -> bool:
+    marker = out / "hubgym_tiny_model.json"
+    try:
+        return json.loads(marker.read_text()) == config.__dict__
+    except (OSError, ValueError):
+        return False
+
+
+def _write_tiny_model(out: Path, config: TinyModelConfig) -> None:
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    out = Path(out_dir)
-    marker = out / "hubgym_tiny_model.json"
-    if marker.is_file() and json.loads(marker.read_text()) == config.__dict__:
-        return out
     tokenizer = _train_tokenizer(config.vocab_size)
     torch.manual_seed(config.seed)
     model_config = Qwen2Config(
@@ -87,12 +115,11 @@ def make_tiny_model(out_dir: str | Path, config: TinyModelConfig = TinyModelConf
         bos_token_id=None, torch_dtype="float32",
     )
     model = Qwen2ForCausalLM(model_config)
-    out.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True)
     model.save_pretrained(out, safe_serialization=True)
     GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id).save_pretrained(out)
     tokenizer.save_pretrained(out)
-    marker.write_text(json.dumps(config.__dict__))  # written last: its presence means the folder is complete
-    return out
+    (out / "hubgym_tiny_model.json").write_text(json.dumps(config.__dict__))
 
 
 def default_tiny_model() -> Path:

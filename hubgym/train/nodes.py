@@ -141,19 +141,3 @@ def _gloo_peer_lost(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "gloo" in str(exc).lower() and (
         "connection closed by peer" in str(exc).lower() or "timed out" in str(exc).lower()
         or "connection reset" in str(exc).lower())
-
-
-def resolve_model_once(model: str, *, setting: str) -> str:
-    """`hubgym.models.resolve_model`, with the tiny model made by one process per machine: every rank of a node
-    resolves it (LOCAL_RANK 0 is not special), and the tiny model's folder is written without a lock of its own.
-    SmolLM2 converts under its own lock; folders and the Hub cache need none."""
-    from hubgym.models import TINY, resolve_model
-
-    if model != TINY:
-        return resolve_model(model, setting=setting)
-    from filelock import FileLock
-
-    cache = Path(os.environ.get("HUBGYM_CACHE", Path.home() / ".cache" / "hubgym"))  # where the tiny model lives
-    cache.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(cache / ".tiny-model.lock")):
-        return resolve_model(model, setting=setting)

@@ -69,9 +69,9 @@ class Trainer:
     # -- setup ------------------------------------------------------------------------------------
 
     def model_dir(self) -> str:
-        from hubgym.train.nodes import resolve_model_once
+        from hubgym.models import resolve_model
 
-        return resolve_model_once(self.cfg.model, setting="the `model` setting")
+        return resolve_model(self.cfg.model, setting="the `model` setting")
 
     def engine(self):
         """The vLLM engine serving the current weights (started on first use, restarted if it died)."""
