@@ -96,10 +96,9 @@ def run_on_ray(config: RolloutConfig, *, workers: int, address: str | None = Non
 
 def rollout_worker(config: RolloutConfig, settings: dict[str, Any], probe: Probe, board: Any, cwd: str) -> RunSummary:
     """One shard, in a Ray worker: the same run_rollouts call a hand-started worker makes."""
-    import ray
-
-    # Waited for: a worker killed a moment later must still have been counted (restarts are told from this).
-    ray.get(board.scheduled.remote(config.shard_index, node_label(), os.getpid()))
+    # Not waited for: a task blocked in ray.get gives its CPU back to Ray, which would start a waiting worker
+    # beside it. Actor calls leave this process at once, long before the engine's start could fail.
+    board.scheduled.remote(config.shard_index, node_label(), os.getpid())
     check_probe(probe)  # before anything is written: a node that does not see the run folder stops here
     if os.path.isdir(cwd):  # relative env folders resolve as on the driver
         os.chdir(cwd)
