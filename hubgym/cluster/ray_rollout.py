@@ -206,9 +206,8 @@ def raise_failure(ray: Any, exc: Exception, worker: str, entry: dict[str, Any], 
         if isinstance(cause, HubgymError) or type(cause).__module__.startswith("datasets"):
             raise cause from None
         raise exc
-    died = entry.get("attempts") or 0
-    where = f" on {entry['node']}" if entry.get("node") else ""
-    raise ClusterError(f"worker {worker} died{where} {max(died, 1)} time(s) and was restarted {max(died - 1, 0)} "
-                       f"(of at most {retries}), so the run stops; last error: {first_line(exc)}. What every worker "
-                       f"stored stays; the same command resumes the run", shard=worker,
+    where = f" on {entry['node']}" if entry.get("node") else ""  # Ray raises this once every retry died too
+    raise ClusterError(f"worker {worker} died{where} {retries + 1} time(s) (Ray restarted it {retries} times), so the "
+                       f"run stops; last error: {first_line(exc)}. What every worker stored stays; the same command "
+                       f"resumes the run", shard=worker,
                        node=entry.get("node")) from None
