@@ -209,3 +209,20 @@ class ChatFormatError(HubgymError, ValueError):
     def __init__(self, message: str, setting: str | None = None):
         self.setting = setting
         super().__init__(message, setting=setting)
+
+
+class ClusterError(HubgymError, RuntimeError):
+    """A Ray cluster cannot run (or finish) the work: Ray missing, an address that does not answer, a worker that
+    keeps dying, a node that does not see the run folder. `address`, `shard` and `node` say where, when known."""
+
+    def __init__(self, message: str, address: str | None = None, shard: str | None = None, node: str | None = None):
+        self.address, self.shard, self.node = address, shard, node
+        super().__init__(message, address=address, shard=shard, node=node)
+
+
+class NodeError(HubgymError, RuntimeError):
+    """A multi-node run cannot go on: a rank cannot see the run folder, a node did not join, or a peer died."""
+
+    def __init__(self, message: str, rank: int | None = None, host: str | None = None):
+        super().__init__(message, rank=rank, host=host)
+        self.rank, self.host = rank, host

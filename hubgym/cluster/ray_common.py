@@ -26,21 +26,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from hubgym.errors import HubgymError
+from hubgym.errors import ClusterError
 from hubgym.fileio import atomic_write_bytes
 
 INSTALL_HINT = "pip install 'hubgym[ray]'"
 CONNECT_TIMEOUT_S = 30.0  # an address that does not answer within this is reported, not waited on
 PROBE_PREFIX = ".cluster-probe-"
-
-
-class ClusterError(HubgymError, RuntimeError):
-    """A Ray cluster cannot run (or finish) the work: Ray missing, an address that does not answer, a worker that
-    keeps dying, a node that does not see the run folder. `address`, `shard` and `node` say where, when known."""
-
-    def __init__(self, message: str, address: str | None = None, shard: str | None = None, node: str | None = None):
-        self.address, self.shard, self.node = address, shard, node
-        super().__init__(message, address=address, shard=shard, node=node)
 
 
 def import_ray() -> ModuleType:

@@ -35,20 +35,12 @@ import secrets
 import socket
 from pathlib import Path
 
-from hubgym.errors import HubgymError
+from hubgym.errors import NodeError
 from hubgym.fileio import atomic_write_bytes
 
 NONCE_PREFIX = ".hubgym-nodes-"  # + the nonce: rank 0 writes it at the start; removed once every rank has read it
 SHARED_FS_FIX = ("put output_dir on a filesystem every node mounts at the same path (NFS, Lustre, a shared "
                  "disk) and start every node with that output_dir, or train on one node")
-
-
-class NodeError(HubgymError, RuntimeError):
-    """A multi-node run cannot go on: a rank cannot see the run folder, a node did not join, or a peer died."""
-
-    def __init__(self, message: str, rank: int | None = None, host: str | None = None):
-        super().__init__(message, rank=rank, host=host)
-        self.rank, self.host = rank, host
 
 
 def host_name() -> str:
