@@ -37,3 +37,13 @@ def smollm2_tokenizer(smollm2_model):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(smollm2_model)
+
+
+@pytest.fixture()
+def cluster():
+    """A real local Ray cluster (tests/ray_cluster.py: a head on 127.0.0.1), stopped after the test."""
+    from ray_cluster import LocalRayCluster
+
+    started = LocalRayCluster()
+    yield started
+    started.stop()

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from hubgym.cluster.ray_common import ClusterError, check_answers
-from ray_cluster import LocalRayCluster
 
 HUBGYM = str(Path(sys.executable).with_name("hubgym"))
 BASELINE = Path(__file__).parent / "broken_envs" / "baseline"
@@ -61,13 +60,6 @@ def test_an_address_that_listens_but_is_no_ray_cluster_is_refused_after_the_time
         with pytest.raises(ClusterError, match=f"something listens at {address} but no Ray cluster answered "
                                                f"within 3 s; check it with `ray status --address {address}`"):
             check_answers(address, timeout_s=3)
-
-
-@pytest.fixture()
-def cluster():
-    started = LocalRayCluster()
-    yield started
-    started.stop()
 
 
 @pytest.mark.slow

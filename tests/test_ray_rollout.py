@@ -25,7 +25,6 @@ from hubgym.hub.rollouts import iter_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs
 from hubgym.rollout.run import mine
 from hubgym.verifiers import arithmetic as arithmetic_verifier
-from ray_cluster import LocalRayCluster
 
 HUBGYM = str(Path(sys.executable).with_name("hubgym"))
 TASKS, N, MAX_TOKENS = 100, 4, 256  # ~50 groups of long replies a worker, two at a time: well past a first flush
@@ -53,13 +52,6 @@ def manifest_rows(out: Path, worker: str) -> int:
 def worker_process(out: Path, worker: str) -> psutil.Process:
     """The process that writes `worker`'s part of the run: its run lock file holds its pid."""
     return psutil.Process(int((out / f".lock-{worker}").read_text()))
-
-
-@pytest.fixture()
-def cluster():
-    started = LocalRayCluster()
-    yield started
-    started.stop()
 
 
 @pytest.mark.slow
