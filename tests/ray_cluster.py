@@ -37,7 +37,10 @@ def free_port() -> int:
 
 
 class LocalRayCluster:
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        # Token authentication off unless asked for: a ~/.ray/auth_token left by any local `ray.init()` would
+        # otherwise turn it on for `ray start` (and only for it), whatever machine the tests run on.
+        self.env = {"RAY_AUTH_MODE": "disabled", **(env or {})}
         self.root = Path(tempfile.mkdtemp(prefix="hgray"))
         self.nodes: list[tuple[subprocess.Popen, Path]] = []
         self.address: str | None = None
@@ -59,7 +62,7 @@ class LocalRayCluster:
         command = [*(wrapper or []), RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus",
                    str(num_cpus), "--num-gpus", "0", "--disable-usage-stats", "--object-store-memory",
                    str(80 << 20), *ports, *args]
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **self.env}
         env.pop("RAY_ADDRESS", None)
         with open(log, "w") as out:
             proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

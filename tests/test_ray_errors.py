@@ -117,3 +117,23 @@ def test_a_verifier_file_a_node_lacks_is_written_from_the_drivers_bytes_and_hash
                                "print(load_spec(VerifierSpec(*sys.argv[1:])).sha256)", *astuple(moved)],
         capture_output=True, text=True, timeout=120)
     assert loaded.stdout.strip() == spec.sha256, loaded.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_a_cluster_that_asks_for_a_token_says_how_to_send_it(monkeypatch):
+    """Ray's token authentication: a head that wants a token, a client without RAY_AUTH_MODE=token."""
+    from ray_cluster import LocalRayCluster
+
+    token = "0123456789abcdef" * 4
+    cluster = LocalRayCluster(env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    try:
+        address = cluster.start_head(num_cpus=1)
+        monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+        with pytest.raises(ClusterError, match=f"the Ray cluster at {address} asks for an authentication token.*"
+                                               f"set RAY_AUTH_MODE=token"):
+            check_answers(address, timeout_s=30)
+        monkeypatch.setenv("RAY_AUTH_MODE", "token")
+        monkeypatch.setenv("RAY_AUTH_TOKEN", token)
+        check_answers(address, timeout_s=30)  # with the token: it answers
+    finally:
+        cluster.stop()

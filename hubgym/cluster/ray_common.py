@@ -57,8 +57,10 @@ def connect(address: str | None, *, timeout_s: float = CONNECT_TIMEOUT_S) -> Mod
     try:
         ray.init(address=address, logging_level="ERROR", log_to_driver=False, configure_logging=True,
                  include_dashboard=False if address is None and target is None else None)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
+    except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as exc:
         shown = address or target or "auto"
+        if auth_refused(f"{type(exc).__name__}: {exc}"):
+            raise ClusterError(token_refused(shown), address=shown) from None
         raise ClusterError(f"cannot connect to the Ray cluster at {shown}: {first_line(exc)}; check it with "
                            f"`ray status --address {shown}` (on the head node: `ray start --head` starts one)",
                            address=shown) from None
@@ -88,7 +90,21 @@ def check_answers(address: str, timeout_s: float) -> None:
         raise ClusterError(f"something listens at {address} but no Ray cluster answered within {timeout_s:.0f} s; "
                            f"{fix}", address=address) from None
     if done.returncode != 0:
+        if auth_refused(done.stderr.decode(errors="replace")):
+            raise ClusterError(token_refused(address), address=address)
         raise ClusterError(f"no Ray cluster answers at {address} ({last_line(done.stderr)}); {fix}", address=address)
+
+
+def auth_refused(text: str) -> bool:
+    return "InvalidAuthToken" in text or "AuthenticationError" in text
+
+
+def token_refused(address: str) -> str:
+    """Ray's token authentication: a head started where ~/.ray/auth_token exists (a local `ray.init()` writes one)
+    wants the token, and a client given an explicit address sends it only with RAY_AUTH_MODE=token."""
+    return (f"the Ray cluster at {address} asks for an authentication token and this process sent none it accepts: "
+            f"set RAY_AUTH_MODE=token here, with the head's token in RAY_AUTH_TOKEN or ~/.ray/auth_token "
+            f"(or start the head with RAY_AUTH_MODE=disabled)")
 
 
 def first_line(exc: BaseException) -> str:

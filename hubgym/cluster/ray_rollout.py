@@ -39,7 +39,8 @@ from hubgym.rollout.writer import worker_name
 
 WORKER_RETRIES = 3  # restarts of one worker before the run stops
 POLL_S = 0.5  # how often the driver redraws the bar and looks at the cluster
-WAIT_GRACE_S = 5.0  # a worker not started after this long is reported as waiting for resources
+WAIT_GRACE_S = 5.0  # workers the cluster has no room for are reported after this long
+SLOW_START_S = 120.0  # any worker not started after this long is reported (its room taken by other jobs)
 FORWARDED_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TOKENIZERS_PARALLELISM")  # plus every HUBGYM_* and VLLM_*
 
 
@@ -150,18 +151,28 @@ class ClusterWatch:
         for node in nodes.keys() - self.nodes.keys():
             self.say(f"node {nodes[node]} joined the cluster ({len(nodes)} node(s) now)")
         self.nodes = nodes
-        waiting = sum(1 for i in range(self.workers) if not shards.get(i, {}).get("attempts")) if running else 0
-        if time.monotonic() - self.since < WAIT_GRACE_S or waiting == (self.waiting_said or 0):
+        unstarted = sum(1 for i in range(self.workers) if not shards.get(i, {}).get("attempts")) if running else 0
+        elapsed = time.monotonic() - self.since
+        # Waiting for resources: the workers the cluster has no room for (a worker still importing is starting,
+        # not waiting), or, past SLOW_START_S, any worker not started (room taken by other jobs).
+        waiting = unstarted if elapsed > SLOW_START_S else min(unstarted, max(0, running - self.room()))
+        if elapsed < WAIT_GRACE_S:
             return
-        if waiting:
+        if waiting and waiting != self.waiting_said:
             free = resources_text(self.ray.available_resources())
             self.say(f"{waiting} of {self.workers} workers wait for resources (each needs "
                      f"{resources_text(self.need)}; the cluster's {len(nodes)} node(s) have "
                      f"{resources_text(self.ray.cluster_resources())}, {free} free): they start when a node with "
                      f"room joins (`ray start --address {self.head}`) or a running worker ends")
-        else:
+            self.waiting_said = waiting
+        elif not unstarted and self.waiting_said:
             self.say(f"all {self.workers} workers have started")
-        self.waiting_said = waiting
+            self.waiting_said = 0
+
+    def room(self) -> int:
+        """How many workers the cluster's nodes hold at once, by their total resources."""
+        total = self.ray.cluster_resources()
+        return min((int(total.get(k, 0) // v) for k, v in self.need.items() if v), default=self.workers)
 
     def note_restarts(self, shards: dict[int, dict[str, Any]]) -> None:
         for i, entry in shards.items():
