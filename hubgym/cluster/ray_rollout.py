@@ -205,8 +205,20 @@ def wait_for_workers(ray: Any, refs: dict[int, Any], board: Any, bar: ClusterPro
     except BaseException:
         for ref in pending.values():  # killed: their locks drop, their vLLM processes die with them
             ray.cancel(ref, force=True)
+        settle(ray, list(pending.values()))
         raise
     return summaries
+
+
+def settle(ray: Any, refs: list[Any], timeout_s: float = 5.0) -> None:
+    """Take what cancelled workers ended with (cancelled, or a retry that found the probe gone), so that Ray does
+    not print their errors as unhandled when the driver exits: the run's one line stays the only one."""
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except Exception:  # noqa: BLE001 (the run already fails with its own line)
+            pass
 
 
 def raise_failure(ray: Any, exc: Exception, worker: str, entry: dict[str, Any], retries: int) -> None:
