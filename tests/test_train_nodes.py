@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -27,18 +26,13 @@ from safetensors.torch import load_file
 
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.train.nodes import NONCE_PREFIX, NodeError, check_run_folder_shared, host_name, node_failure
+from hubgym.rollout.server import free_port
 from test_hub_rollouts import make_run
 
 BIN = Path(sys.executable).parent
 NODE_SCRIPT = Path(__file__).with_name("train_node.py")
 OFFLINE, ONLINE = 2, 2  # steps
 LAUNCH_TIMEOUT_S = 300  # a node that hung would fail the test here, not hang it
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_args(model: Path, rollouts: Path, out: Path, *extra: str) -> list[str]:
