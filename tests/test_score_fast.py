@@ -8,6 +8,9 @@
   join when they do not (components added or dropped, duplicated names, null metrics).
 - `rescore_shard` (one shard in, one shard out, for a caller mapping shards over workers): missing verifiers,
   a corrupted shard, what it writes, and `merge_parts` over shards equal to `rescore` of the folder.
+- `rescore_shards` (a bundle of shards scored together): the same bytes per output shard as one shard at a
+  time, with carried rows, two envs and a corrupted shard in the bundle.
+- `fetch_shard`: the bytes hashed are the bytes opened, even when the file is replaced in between.
 No model runs: rows are built from each env's golden cases.
 """
 
@@ -32,7 +35,7 @@ from hubgym.score.choice import VerifierChoice, VerifierSpec
 from hubgym.score.diff import COLUMNS, Tally, _flags, flat_and_long, long_form
 from hubgym.score.rescore import POOLS
 from hubgym.score.scoring import SCORED_COLUMNS, score_batch, score_rows
-from hubgym.score.shards import merge_parts, rescore_shard
+from hubgym.score.shards import merge_parts, rescore_shard, rescore_shards
 
 ENGINE_ERROR = {"boundary": "engine", "type": "RequestError", "message": "prompt too long"}
 VERIFIER_ERROR = {"boundary": "verifier", "type": "KeyError", "message": "'answer'"}
@@ -250,6 +253,66 @@ def test_rescore_shard_reports_a_corrupted_shard_without_writing(run, tmp_path):
     part = rescore_shard(shard, {}, tmp_path / "x.arrow")
 
     assert part.error and "sha256" in part.error and not part.done and not (tmp_path / "x.arrow").exists()
+
+
+def test_a_bundle_of_shards_writes_the_bytes_each_shard_alone_writes(tmp_path):
+    from hubgym.hub.rollout_reader import shard_sources
+
+    writer = ShardWriter(tmp_path / "run", "w000of001", max_rows=4)
+    cases = golden("arithmetic") + golden("reverse_text")
+    for i, (task, completion) in enumerate(cases * 2):  # small shards of both envs, some rows carried
+        writer.add_group([stored_row(i, task, completion, error=ENGINE_ERROR if i % 5 == 0 else None)])
+    writer.flush()
+    writer.write_manifest({"schema_version": 1, "run_id": "r", "worker": writer.worker, "rows": writer.rows_written,
+                           "shards": [p.name for p in writer.shards()], "shard_files": writer.shard_files(),
+                           "envs": {}, "updated_at": "2026-01-01T00:00:00+00:00"})
+    shards = shard_sources(str(tmp_path / "run"))
+    bad = Path(shards[1].location)
+    data = bytearray(bad.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    bad.write_bytes(bytes(data))
+    specs = {env: VerifierChoice().spec(env) for env in ("arithmetic", "reverse_text")}
+    assert len(shards) >= 4
+
+    together = rescore_shards(shards, specs, [tmp_path / "bundle" / f"{i}.arrow" for i in range(len(shards))])
+    alone = [rescore_shard(shard, specs, tmp_path / "alone" / f"{i}.arrow") for i, shard in enumerate(shards)]
+
+    assert "sha256" in together[1].error and not (tmp_path / "bundle" / "1.arrow").exists()
+    for i, (a, b) in enumerate(zip(together, alone)):
+        assert (a.rows, a.error, a.run_ids, a.output) == (b.rows, b.error, b.run_ids, b.output)
+        if i != 1:
+            assert (tmp_path / "bundle" / f"{i}.arrow").read_bytes() == (tmp_path / "alone" / f"{i}.arrow").read_bytes()
+            assert a.diff_rows.equals(b.diff_rows)
+    assert merge_parts(together).counts.equals(merge_parts(alone).counts)
+    assert merge_parts(together).counts["carried"].sum() > 0
+
+
+def test_a_bundle_holding_an_env_without_a_verifier_scores_nothing(run, tmp_path):
+    from hubgym.hub.rollout_reader import shard_sources
+
+    shards = shard_sources(str(run))  # one arithmetic shard, one reverse_text shard
+    parts = rescore_shards(shards, {"arithmetic": VerifierChoice().spec("arithmetic")}, [tmp_path / "a", tmp_path / "b"])
+    assert all(p.missing == ["reverse_text"] and not p.done for p in parts)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_the_bytes_a_shard_is_checked_by_are_the_bytes_read(run):
+    """A shard replaced after it was read and hashed (an atomic rename by a re-run, say) is not read anew: the
+    rows handed out are the ones that matched the sha256."""
+    from hubgym.hub.rollout_reader import shard_sources
+    from hubgym.hub.shards import fetch_shard, open_fetched
+
+    first, second = shard_sources(str(run))
+    fetched = fetch_shard(first)
+    expected = pa.ipc.open_file(first.location).read_all()
+    replacement = Path(first.location).with_suffix(".tmp")
+    replacement.write_bytes(Path(second.location).read_bytes())
+    os.replace(replacement, first.location)
+
+    loaded = open_fetched(fetched)
+
+    assert fetched.sha256 == first.sha256
+    assert pa.Table.from_batches(list(loaded.batches())).equals(expected)
 
 
 @pytest.mark.slow

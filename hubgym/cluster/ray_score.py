@@ -5,7 +5,7 @@
 
 hubgym.rescore does the work as on one machine (the same output folder, manifest, counts and diff report);
 only what scores is swapped: RayScorer runs each piece of work as a Ray task instead of in a local process
-pool. A local shard is re-scored where a task runs (`rescore_shard`: it reads the shard and writes its output
+pool. A local shard is re-scored where a task runs (`rescore_shards`: it reads the shard and writes its output
 shard itself), so the sources and the output folder must be on a filesystem every node sees, at the same path;
 a node that does not see them stops the re-score with one line naming it. Batches of a hub stream or of
 record batches travel to the tasks as Arrow IPC bytes and need no shared filesystem.
@@ -44,7 +44,7 @@ class RayScorer:
         self.ray = ray
         self.in_flight = workers or max(2 * int(ray.cluster_resources().get("CPU", 1)), 2)
         self.pending: list[Any] = []
-        self._shard = ray.remote(num_cpus=1, max_retries=3)(rescore_shard_on_node)
+        self._shards = ray.remote(num_cpus=1, max_retries=3)(rescore_shards_on_node)
         self._batch = ray.remote(num_cpus=1, max_retries=3)(score_batch_on_node)
 
     def __enter__(self) -> "RayScorer":
@@ -58,8 +58,11 @@ class RayScorer:
     def depth(self) -> int:
         return self.in_flight
 
-    def shard(self, shard, specs: Mapping[str, Any], out: Path | None) -> Future:
-        return self._future(self._shard.remote(shard, dict(specs), out, verifier_sources(specs)))
+    def bundle_rows(self) -> int:
+        return 1  # a task per shard: the cluster's many workers share a re-score out finely
+
+    def shards(self, shards: list, specs: Mapping[str, Any], outs: list[Path | None]) -> Future:
+        return self._future(self._shards.remote(list(shards), dict(specs), list(outs), verifier_sources(specs)))
 
     def batch(self, specs: Mapping[str, Any], batch) -> Future:
         from hubgym.score.scoring import to_ipc
@@ -120,20 +123,21 @@ def localized(specs: Mapping[str, Any], sources: Mapping[str, bytes]) -> dict[st
     return out
 
 
-def rescore_shard_on_node(shard, specs: dict[str, Any], out: Path | None, sources: dict[str, bytes]):
-    """rescore_shard in a Ray task, after checking this node sees the shard and the output folder."""
-    from hubgym.score.shards import rescore_shard
+def rescore_shards_on_node(shards: list, specs: dict[str, Any], outs: list[Path | None], sources: dict[str, bytes]):
+    """rescore_shards in a Ray task, after checking this node sees the shards and the output folder."""
+    from hubgym.score.shards import rescore_shards
 
-    location = getattr(shard, "location", str(shard))
-    if "://" not in location and not Path(location).exists():
-        raise ClusterError(f"node {node_label()} does not see the shard {location} the driver reads; put the "
-                           f"rollouts on a filesystem every node mounts at the same path (or re-score on one "
-                           f"machine: leave out --ray)", node=node_label())
-    if out is not None and not Path(out).parent.is_dir():
-        raise ClusterError(f"node {node_label()} does not see the output folder {Path(out).parent} the driver made; "
-                           f"give --out a folder on a filesystem every node mounts at the same path",
-                           node=node_label())
-    return rescore_shard(shard, localized(specs, sources), out)
+    for shard, out in zip(shards, outs):
+        location = getattr(shard, "location", str(shard))
+        if "://" not in location and not Path(location).exists():
+            raise ClusterError(f"node {node_label()} does not see the shard {location} the driver reads; put the "
+                               f"rollouts on a filesystem every node mounts at the same path (or re-score on one "
+                               f"machine: leave out --ray)", node=node_label())
+        if out is not None and not Path(out).parent.is_dir():
+            raise ClusterError(f"node {node_label()} does not see the output folder {Path(out).parent} the driver "
+                               f"made; give --out a folder on a filesystem every node mounts at the same path",
+                               node=node_label())
+    return rescore_shards(shards, localized(specs, sources), outs)
 
 
 def score_batch_on_node(specs: dict[str, Any], data: bytes, sources: dict[str, bytes]):

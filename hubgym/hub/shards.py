@@ -55,19 +55,40 @@ class LoadedShard:
             yield upgrade_batch(self.reader.get_batch(i))  # an older shard reads with today's column types
 
 
+@dataclass
+class FetchedShard:
+    """A shard's bytes (a remote one's, or a local one memory-mapped) and their sha256, not yet opened."""
+
+    source: ShardSource
+    data: bytes | pa.MemoryMappedFile
+    sha256: str
+
+
 def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:
     """Fetch (remote) or map (local) a shard and check it: sha256 when recorded, Arrow structure, schema, rows.
 
     With a matching sha256 the bytes are exactly those checked when the shard was written or pushed,
     so the full (slower) Arrow validation runs only for shards nothing recorded.
     """
+    return open_fetched(fetch_shard(source), verify=verify)
+
+
+def fetch_shard(source: ShardSource) -> FetchedShard:
+    """The shard's bytes and their sha256: the slow half of load_shard, and nearly all of it outside the GIL
+    (reading, hashing), so a thread can do it for the next shards while this one is scored. The hash is of
+    the very bytes that are opened afterwards (the mapping), not of the path read again."""
     data = _fetch(source)
-    if verify and source.sha256 is not None:
-        actual = hashlib.sha256(data).hexdigest() if isinstance(data, bytes) else sha256_file(source.location)
-        if actual != source.sha256:
-            fix = "push its run again from a good copy (`hubgym push-rollouts RUN_DIR REPO`)" if source.remote else FIX
-            raise ShardError(f"shard {source.name} is corrupted: its sha256 is {actual}, but {source.sha256} was "
-                             f"recorded when it was written or pushed; {fix}", shard=source.name)
+    view = data if isinstance(data, bytes) else data.read_buffer(data.size())
+    return FetchedShard(source, data, hashlib.sha256(view).hexdigest())
+
+
+def open_fetched(fetched: FetchedShard, *, verify: bool = True) -> LoadedShard:
+    """load_shard's checks on fetched bytes: ShardError unless they are a whole rollout shard."""
+    source, data = fetched.source, fetched.data
+    if verify and source.sha256 is not None and fetched.sha256 != source.sha256:
+        fix = "push its run again from a good copy (`hubgym push-rollouts RUN_DIR REPO`)" if source.remote else FIX
+        raise ShardError(f"shard {source.name} is corrupted: its sha256 is {fetched.sha256}, but {source.sha256} was "
+                         f"recorded when it was written or pushed; {fix}", shard=source.name)
     try:
         reader = pa.ipc.open_file(pa.BufferReader(data) if isinstance(data, bytes) else data)
         check_schema(reader.schema, source.name)

@@ -7,10 +7,10 @@
 
 No model and no tool runs: a stored row holds the prompt, completion, info and interaction its
 verifier reads, and verifiers are pure, so work is done by a process pool in any order and put
-back in input order. Local shard files go to the workers by path: each worker checks, scores and
-writes whole shards (shards.rescore_shard; one output shard per input shard) and sends back only
-the diff's columns. Hub streams and record batches go to them batch by batch (one output shard
-per batch of at most 512 rows). At most 2 x workers pieces are in flight: memory stays bounded
+back in input order. Local shard files go to the workers by path, in bundles of consecutive shards
+of about 4096 rows: each worker checks, scores and writes whole shards (shards.rescore_shards; one
+output shard per input shard) and sends back only the diff's columns. Hub streams and record batches go to them batch by batch (one output shard
+per batch of at most 512 rows). At most 2 x workers pieces (bundles or batches) are in flight: memory stays bounded
 however many rows stream through. Output shards (if `out`) keep every column and add the
 `rescore_*` columns of scoring.RESCORE_SCHEMA; re-scoring a re-scored folder replaces those columns.
 """
@@ -33,12 +33,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import NoShardsError, ShardError, SkippedShardsWarning
-from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
+from hubgym.hub.shards import FetchedShard, LoadedShard, ShardSource, fetch_shard, open_fetched
 from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
 from hubgym.score.output import RescoreOutput
 from hubgym.score.scoring import score_batch, score_ipc, slim, to_ipc
-from hubgym.score.shards import ShardResult, check_columns, diff_rows, rescore_shard, with_scores, write_shard
+from hubgym.score.shards import (GROUP_ROWS, ShardResult, check_columns, diff_rows, rescore_shards, with_scores,
+                                 write_shard)
 from hubgym.score.sources import Source, open_source
 Progress = Callable[[int, "int | None"], None]  # (rows just re-scored, total rows if known)
 
@@ -106,39 +107,42 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
 
 def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSource], output: RescoreOutput | None,
                  skip_bad: bool) -> Iterator[ShardResult]:
-    """Each shard's result, in input order, with at most `scorer.depth()` shards in flight; a shard holding an env
-    no verifier was resolved for yet comes back unscored (`missing`) and is scored again once it is."""
+    """Each shard's result, in input order. Shards go to the scorer in bundles (consecutive shards of about
+    GROUP_ROWS rows, scored together), at most `scorer.depth()` bundles in flight; a bundle holding an env no
+    verifier was resolved for yet comes back unscored (`missing`) and is scored again once it is."""
     specs: dict[str, VerifierSpec] = {}
     target = (lambda index: output.path(index)) if output else (lambda index: None)
-    pending: deque[tuple[int, ShardSource, Future]] = deque()
+    pending: deque[tuple[list[int], Future]] = deque()
     bad: list[str] = []
 
-    def finished(index: int, shard: ShardSource, future: Future) -> ShardResult | None:
-        part = future.result()
-        while part.missing:
-            specs.update({env: choice.spec(env) for env in part.missing})
-            part = scorer.shard(shard, dict(specs), target(index)).result()
-        if part.error is not None:
-            if not skip_bad:
-                raise ShardError(part.error, shard=part.shard)
-            bad.append(part.shard)
-            return None
-        if output and part.output:
-            output.record(part.output)
-        return part
+    def finished(indices: list[int], future: Future) -> Iterator[ShardResult]:
+        parts = future.result()
+        while missing := sorted({env for part in parts for env in part.missing}):
+            specs.update({env: choice.spec(env) for env in missing})
+            parts = scorer.shards([shards[i] for i in indices], dict(specs), [target(i) for i in indices]).result()
+        for part in parts:
+            if part.error is not None:
+                if not skip_bad:
+                    raise ShardError(part.error, shard=part.shard)
+                bad.append(part.shard)
+                continue
+            if output and part.output:
+                output.record(part.output)
+            yield part
 
     ahead = _Prefetch(shards)
     try:
-        for index, shard in enumerate(shards):
+        index = 0
+        while index < len(shards):
             here = isinstance(scorer, Scorer) and not scorer.pooled()  # another scorer (a cluster's) works elsewhere
-            work = ahead.loaded(index) if here else shard  # here: the next one is checked in a thread meanwhile
-            pending.append((index, shard, scorer.shard(work, dict(specs), target(index))))
+            indices = _bundle(shards, index, scorer.bundle_rows())
+            work = ahead.loaded(indices) if here else [shards[i] for i in indices]  # here: the next bundle is
+            pending.append((indices, scorer.shards(work, dict(specs), [target(i) for i in indices])))  # checked
+            index = indices[-1] + 1  # in a thread meanwhile
             while len(pending) >= scorer.depth():
-                if (part := finished(*pending.popleft())) is not None:
-                    yield part
+                yield from finished(*pending.popleft())
         while pending:
-            if (part := finished(*pending.popleft())) is not None:
-                yield part
+            yield from finished(*pending.popleft())
     finally:
         ahead.close()
     if bad:
@@ -149,35 +153,56 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
                                 f"re-run the rollout that wrote them, or read another source")
 
 
+def _bundle(shards: list[ShardSource], start: int, rows: int) -> list[int]:
+    """Indices of the consecutive shards from `start` holding at most `rows` rows together (at least one shard;
+    a shard whose rows nothing recorded goes alone)."""
+    indices, total = [start], shards[start].rows or rows
+    while (nxt := indices[-1] + 1) < len(shards) and shards[nxt].rows and total + shards[nxt].rows <= rows:
+        indices.append(nxt)
+        total += shards[nxt].rows
+    return indices
+
+
 class _Prefetch:
-    """Shards loaded and checked (`load_shard`: the sha256 hashing is most of it) one ahead, in a thread, while
-    this process scores the current one (hashing releases the GIL)."""
+    """The next bundle's shards read and hashed in a thread (`fetch_shard`: hashlib and the reading release the
+    GIL, and the thread runs almost no Python) while this process scores the current bundle; each is opened and
+    checked here (`open_fetched`), when it is used. Checking it in the thread would cost more than it saves:
+    that Python work would take the GIL from the scoring over and over."""
 
     def __init__(self, shards: list[ShardSource]):
-        self.shards, self.pool, self.next = shards, None, None
+        self.shards, self.pool, self.futures = shards, None, {}
 
-    def loaded(self, index: int) -> LoadedShard | ShardSource:
-        """Shard `index` loaded (or its source, to be loaded again where its error is reported)."""
-        future = self.next if self.next is not None and self.next[0] == index else None
-        loaded = future[1].result() if future else _load(self.shards[index])
-        self.next = None
-        if index + 1 < len(self.shards):
+    def loaded(self, indices: list[int]) -> list[LoadedShard | ShardSource]:
+        """Shards `indices` loaded (or their sources, loaded again where their errors are reported); then as
+        many shards after them start loading."""
+        fetched = [self.futures.pop(i).result() if i in self.futures else _fetch(self.shards[i]) for i in indices]
+        ahead = range(indices[-1] + 1, min(indices[-1] + 1 + len(indices), len(self.shards)))
+        if len(ahead):
             self.pool = self.pool or ThreadPoolExecutor(1, thread_name_prefix="hubgym-rescore")
-            self.next = (index + 1, self.pool.submit(_load, self.shards[index + 1]))
+            self.futures.update({i: self.pool.submit(_fetch, self.shards[i]) for i in ahead if i not in self.futures})
         else:
             self.close()
-        return loaded
+        return [_open(one) for one in fetched]
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _load(shard: ShardSource) -> LoadedShard | ShardSource:
+def _fetch(shard: ShardSource) -> FetchedShard | ShardSource:
     try:
-        return load_shard(shard)
+        return fetch_shard(shard)
     except ShardError:
         return shard
+
+
+def _open(fetched: FetchedShard | ShardSource) -> LoadedShard | ShardSource:
+    if isinstance(fetched, ShardSource):
+        return fetched
+    try:
+        return open_fetched(fetched)
+    except ShardError:
+        return fetched.source
 
 
 def _batch_parts(scorer: "Scorer", choice: VerifierChoice, batches: Iterator[pa.RecordBatch],
@@ -236,9 +261,17 @@ class Scorer:
         """Whether the next piece of work goes to the pool (starting it, if it is now worth it)."""
         return self._use_pool()
 
-    def shard(self, shard: ShardSource | LoadedShard, specs: dict[str, VerifierSpec], out: Path | None) -> Future:
-        """rescore_shard(shard, specs, out), here or in the pool."""
-        return self._run(rescore_shard, (shard, specs, out), lambda part: part.rows if part.done else 0)
+    def bundle_rows(self) -> int:
+        """Rows of the shards scored together: GROUP_ROWS, or fewer when a pool would otherwise get fewer than
+        4 bundles per worker (a small re-score still spreads over every core)."""
+        if self.pool is None or self.total is None:
+            return GROUP_ROWS
+        return max(1, min(GROUP_ROWS, (self.total - self.rows) // (4 * self.workers)))
+
+    def shards(self, shards: list[ShardSource | LoadedShard], specs: dict[str, VerifierSpec],
+               outs: list[Path | None]) -> Future:
+        """rescore_shards(shards, specs, outs), here or in the pool."""
+        return self._run(rescore_shards, (shards, specs, outs), lambda parts: sum(p.rows for p in parts if p.done))
 
     def batch(self, specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> Future:
         """The new columns of a slim batch, here or in the pool (sent as Arrow IPC bytes)."""
