@@ -29,7 +29,7 @@ from datasets.exceptions import DatasetGenerationError
 from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError, SkippedShardsWarning
 from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
-from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, load_shard
+from hubgym.hub.shards import FetchedShard, LoadedShard, ShardSource, decode_info, fetch_shard, open_fetched
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
@@ -189,24 +189,34 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
 
 
 def _prefetched(sources: list[ShardSource], verify: bool) -> Iterator[tuple[ShardSource, LoadedShard | ShardError]]:
-    """Each shard loaded and checked (or its ShardError), the next one loading in a thread meanwhile."""
+    """Each shard loaded and checked (or its ShardError), the next one read and hashed in a thread meanwhile
+    (`fetch_shard`: outside the GIL nearly all of it); each is opened and checked here, as it is used."""
     if not sources:
         return
     pool = ThreadPoolExecutor(1, thread_name_prefix="hubgym-shards")
     try:
-        pending: Future = pool.submit(_load, sources[0], verify)
+        pending: Future = pool.submit(_fetch, sources[0])
         for i, source in enumerate(sources):
-            loaded = pending.result()
+            fetched = pending.result()
             if i + 1 < len(sources):
-                pending = pool.submit(_load, sources[i + 1], verify)
-            yield source, loaded
+                pending = pool.submit(_fetch, sources[i + 1])
+            yield source, _open(fetched, verify)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _load(source: ShardSource, verify: bool) -> LoadedShard | ShardError:
+def _fetch(source: ShardSource) -> FetchedShard | ShardError:
     try:
-        return load_shard(source, verify=verify)
+        return fetch_shard(source)
+    except ShardError as exc:
+        return exc
+
+
+def _open(fetched: FetchedShard | ShardError, verify: bool) -> LoadedShard | ShardError:
+    if isinstance(fetched, ShardError):
+        return fetched
+    try:
+        return open_fetched(fetched, verify=verify)
     except ShardError as exc:
         return exc
 
