@@ -9,12 +9,15 @@
     part.error                                                           # the shard's ShardError message, or None
     diff = merge_parts([part, ...])                                      # a Diff, as rescore's (diff.py)
 
+    parts = rescore_shards([shard_a, shard_b, ...], specs, [out_a, out_b, ...])   # a bundle, one result each
+
 A worker gets a shard's location (a path, or a ShardSource with the sha256 and rows its run recorded),
 not its rows: it maps the file, checks it as every reader of stored shards does (`load_shard`: sha256,
 Arrow structure, rollout schema, rows), scores its batches, writes the output shard (every column +
 the `rescore_*` columns, one Arrow IPC file, atomically) and returns only counts, the diff's partial
 aggregates and the output file's rows and sha256. So nothing but small results crosses processes,
-and the hashing, reading and writing spread over the workers too.
+and the hashing, reading and writing spread over the workers too. A bundle of shards is scored as one
+(`rescore_shards`), and each output shard holds exactly the bytes it would hold scored alone.
 """
 
 from __future__ import annotations
