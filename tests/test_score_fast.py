@@ -291,7 +291,8 @@ def test_a_bundle_holding_an_env_without_a_verifier_scores_nothing(run, tmp_path
     from hubgym.hub.rollout_reader import shard_sources
 
     shards = shard_sources(str(run))  # one arithmetic shard, one reverse_text shard
-    parts = rescore_shards(shards, {"arithmetic": VerifierChoice().spec("arithmetic")}, [tmp_path / "a", tmp_path / "b"])
+    specs = {"arithmetic": VerifierChoice().spec("arithmetic")}
+    parts = rescore_shards(shards, specs, [tmp_path / "a", tmp_path / "b"])
     assert all(p.missing == ["reverse_text"] and not p.done for p in parts)
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 

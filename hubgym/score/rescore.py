@@ -9,9 +9,10 @@ No model and no tool runs: a stored row holds the prompt, completion, info and i
 verifier reads, and verifiers are pure, so work is done by a process pool in any order and put
 back in input order. Local shard files go to the workers by path, in bundles of consecutive shards
 of about 4096 rows: each worker checks, scores and writes whole shards (shards.rescore_shards; one
-output shard per input shard) and sends back only the diff's columns. Hub streams and record batches go to them batch by batch (one output shard
-per batch of at most 512 rows). At most 2 x workers pieces (bundles or batches) are in flight: memory stays bounded
-however many rows stream through. Output shards (if `out`) keep every column and add the
+output shard per input shard) and sends back only the diff's columns. Hub streams and record
+batches go to them batch by batch (one output shard per batch of at most 512 rows). At most
+2 x workers pieces (bundles or batches) are in flight: memory stays bounded however many rows
+stream through. Output shards (if `out`) keep every column and add the
 `rescore_*` columns of scoring.RESCORE_SCHEMA; re-scoring a re-scored folder replaces those columns.
 """
 
@@ -136,9 +137,10 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
         while index < len(shards):
             here = isinstance(scorer, Scorer) and not scorer.pooled()  # another scorer (a cluster's) works elsewhere
             indices = _bundle(shards, index, scorer.bundle_rows())
-            work = ahead.loaded(indices) if here else [shards[i] for i in indices]  # here: the next bundle is
-            pending.append((indices, scorer.shards(work, dict(specs), [target(i) for i in indices])))  # checked
-            index = indices[-1] + 1  # in a thread meanwhile
+            # here: the next bundle is read and hashed in a thread meanwhile
+            work = ahead.loaded(indices) if here else [shards[i] for i in indices]
+            pending.append((indices, scorer.shards(work, dict(specs), [target(i) for i in indices])))
+            index = indices[-1] + 1
             while len(pending) >= scorer.depth():
                 yield from finished(*pending.popleft())
         while pending:
