@@ -92,6 +92,13 @@ BROKEN = {
         "returned, so one sample's step would change the others' episodes [env='step_mutates_state' "
         "field='GOLDEN']. Fix: return a new state from step (e.g. {**state, 'guesses': state['guesses'] + 1}); "
         "never change the one it receives"),
+    "score_changes_task": (
+        "check_scoring_leaves_its_inputs: scoring the empty reply changed the task it was given (info.answer was "
+        "added (None)); the rollout loop scores all samples of a group with one task object, and a re-score builds "
+        "each row's anew, so stored rewards would depend on the order samples finish and a re-score would not "
+        "reproduce them [env='score_changes_task' config='default' split='train' row='{id}' field='verifier']. "
+        "Fix: copy what a reward needs to change (e.g. dict(task['info'])); never change the task or the messages "
+        "it receives"),
     "tool_use_without_tools": (
         "check_interaction: the row is tool_use but offers no tools [env='tool_use_without_tools' config='default' "
         "split='train' row='{id}' field='interaction.tools']. Fix: list its tools in hubgym.interaction('tool_use', "

@@ -8,6 +8,7 @@ split, row id, field), and how to fix it. Checks never `assert` (asserts vanish 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import sys
@@ -375,6 +376,49 @@ def check_scoring_deterministic(ctx: Context) -> None:
                  ctx.where(sample.config, sample.split, sample.task["id"], "verifier"), SEEDED_FIX)
 
 
+def check_scoring_leaves_its_inputs(ctx: Context) -> None:
+    """Scoring changes neither the task nor the completion it is given."""
+    for sample in ctx.samples:
+        if sample.config is None:  # a golden case: check_golden_cases has scored (and so maybe changed) its task
+            continue
+        task, completion = copy.deepcopy(sample.task), copy.deepcopy(sample.completion or [])
+        before = _canonical(task, completion)
+        ctx.verifier.score(task, completion)
+        after = _canonical(task, completion)
+        for what, old, new in (("task", before[0], after[0]), ("completion", before[1], after[1])):
+            if old != new:
+                fail(f"scoring {sample.label} changed the {what} it was given "
+                     f"({_first_change(json.loads(old), json.loads(new))}); the "
+                     f"rollout loop scores all samples of a group with one task object, and a re-score builds each "
+                     f"row's anew, so stored rewards would depend on the order samples finish and a re-score would "
+                     f"not reproduce them", ctx.where(sample.config, sample.split, sample.task["id"], "verifier"),
+                     "copy what a reward needs to change (e.g. dict(task['info'])); never change the task or the "
+                     "messages it receives")
+
+
+def _first_change(old: Any, new: Any, path: str = "") -> str:
+    """Where two JSON values first differ, e.g. "info.answer was added (None)"."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new), key=str):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in new:
+                return f"{where} was removed"
+            if key not in old:
+                return f"{where} was added ({short(new[key])})"
+            if old[key] != new[key]:
+                return _first_change(old[key], new[key], where)
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            if a != b:
+                return _first_change(a, b, f"{path}[{i}]")
+    return f"{path or 'it'} went from {short(old)} to {short(new)}"
+
+
+def _canonical(task: Task, completion: list) -> tuple[str, str]:
+    """The task and completion as JSON text: equal exactly when nothing in them changed (NaN included)."""
+    return tuple(json.dumps(value, sort_keys=True, default=repr) for value in (task, completion))
+
+
 def _summary(score: Score) -> str:
     if score.error is not None:
         return f"an error ({score.error['type']})"
@@ -394,6 +438,7 @@ CHECKS: list[Callable[[Context], None]] = [
     check_tool_schemas,
     check_golden_cases,
     check_golden_extremes,
+    check_scoring_leaves_its_inputs,  # before the scoring checks score (and so change) the rows it copies
     check_verifier_pure,
     check_scoring_no_errors,
     check_reward_range,

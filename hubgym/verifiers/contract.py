@@ -23,8 +23,9 @@ step rewards (component "steps") for multi_turn, plus per-call tool shaping (com
 `parse_answer` also gets the weight-0 component "answer_found" (1.0 or 0.0): it is stored on
 every scored row and never changes a reward.
 
-Pure means deterministic, no network, no filesystem writes, no global state: a stored
-rollout can be re-scored and replayed anywhere, forever. A verifier exception is never a
+Pure means deterministic, no network, no filesystem writes, no global state, and the task and
+completion given are left as they are (the rollout loop scores a group's samples with one task
+object): a stored rollout can be re-scored and replayed anywhere, forever. A verifier exception is never a
 reward: `score` records it on the result and leaves `reward` as None.
 """
 
