@@ -83,22 +83,22 @@ def rescore_shards(shards: Sequence[ShardSource | LoadedShard | str | Path], spe
     none is scored (each good one lists `missing`)."""
     started = time.perf_counter()
     outs = list(outs) if outs is not None else [None] * len(shards)
-    results, opened = [], []  # opened: (result, its batches) of the shards that passed their checks
-    for shard in shards:
+    results, opened = [], []  # opened: (result, batches, out) of the shards that passed their checks
+    for shard, out in zip(shards, outs, strict=True):
         name, batches = _open(shard)
         if isinstance(batches, str):
             results.append(ShardResult(name, error=batches))
         else:
             results.append(ShardResult(name, sum(b.num_rows for b in batches)))
-            opened.append((results[-1], batches))
-    envs = _unique([b.column("env") for _, batches in opened for b in batches])
+            opened.append((results[-1], batches, out))
+    envs = _unique([b.column("env") for _, batches, _ in opened for b in batches])
     missing = [env for env in envs if env not in specs]
     if missing:
-        for result, _ in opened:
+        for result, _, _ in opened:
             result.missing = missing
         return results
-    tables = iter(_rescored([b for _, batches in opened for b in batches], specs))
-    for (result, batches), out in zip(opened, (o for o, r in zip(outs, results) if r.error is None)):
+    tables = iter(_rescored([b for _, batches, _ in opened for b in batches], specs))
+    for result, batches, out in opened:
         mine = [next(tables) for _ in batches]
         result.run_ids = set(_unique([t.column("run_id") for t in mine]))
         result.diff_rows = diff_rows(mine)
