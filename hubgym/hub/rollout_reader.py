@@ -29,7 +29,7 @@ from datasets.exceptions import DatasetGenerationError
 from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError, SkippedShardsWarning
 from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
-from hubgym.hub.shards import FetchedShard, LoadedShard, ShardSource, decode_info, fetch_shard, open_fetched
+from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, fetch_or_error, open_or_error
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
@@ -195,30 +195,14 @@ def _prefetched(sources: list[ShardSource], verify: bool) -> Iterator[tuple[Shar
         return
     pool = ThreadPoolExecutor(1, thread_name_prefix="hubgym-shards")
     try:
-        pending: Future = pool.submit(_fetch, sources[0])
+        pending: Future = pool.submit(fetch_or_error, sources[0])
         for i, source in enumerate(sources):
             fetched = pending.result()
             if i + 1 < len(sources):
-                pending = pool.submit(_fetch, sources[i + 1])
-            yield source, _open(fetched, verify)
+                pending = pool.submit(fetch_or_error, sources[i + 1])
+            yield source, open_or_error(fetched, verify=verify)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _fetch(source: ShardSource) -> FetchedShard | ShardError:
-    try:
-        return fetch_shard(source)
-    except ShardError as exc:
-        return exc
-
-
-def _open(fetched: FetchedShard | ShardError, verify: bool) -> LoadedShard | ShardError:
-    if isinstance(fetched, ShardError):
-        return fetched
-    try:
-        return open_fetched(fetched, verify=verify)
-    except ShardError as exc:
-        return exc
 
 
 # -- as a `datasets` dataset ------------------------------------------------------------------------

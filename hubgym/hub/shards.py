@@ -82,6 +82,24 @@ def fetch_shard(source: ShardSource) -> FetchedShard:
     return FetchedShard(source, data, hashlib.sha256(view).hexdigest())
 
 
+def fetch_or_error(source: ShardSource) -> FetchedShard | ShardError:
+    """fetch_shard, its ShardError returned instead of raised (a read-ahead thread hands it to the reader)."""
+    try:
+        return fetch_shard(source)
+    except ShardError as exc:
+        return exc
+
+
+def open_or_error(fetched: FetchedShard | ShardError, *, verify: bool = True) -> LoadedShard | ShardError:
+    """open_fetched of what fetch_or_error gave, a ShardError returned instead of raised."""
+    if isinstance(fetched, ShardError):
+        return fetched
+    try:
+        return open_fetched(fetched, verify=verify)
+    except ShardError as exc:
+        return exc
+
+
 def open_fetched(fetched: FetchedShard, *, verify: bool = True) -> LoadedShard:
     """load_shard's checks on fetched bytes: ShardError unless they are a whole rollout shard."""
     source, data = fetched.source, fetched.data

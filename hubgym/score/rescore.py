@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import NoShardsError, ShardError, SkippedShardsWarning
-from hubgym.hub.shards import FetchedShard, LoadedShard, ShardSource, fetch_shard, open_fetched
+from hubgym.hub.shards import LoadedShard, ShardSource, fetch_or_error, open_or_error
 from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
 from hubgym.score.output import RescoreOutput
@@ -177,34 +177,21 @@ class _Prefetch:
     def loaded(self, indices: list[int]) -> list[LoadedShard | ShardSource]:
         """Shards `indices` loaded (or their sources, loaded again where their errors are reported); then as
         many shards after them start loading."""
-        fetched = [self.futures.pop(i).result() if i in self.futures else _fetch(self.shards[i]) for i in indices]
+        fetched = [self.futures.pop(i).result() if i in self.futures else fetch_or_error(self.shards[i])
+                   for i in indices]
         ahead = range(indices[-1] + 1, min(indices[-1] + 1 + len(indices), len(self.shards)))
         if len(ahead):
             self.pool = self.pool or ThreadPoolExecutor(1, thread_name_prefix="hubgym-rescore")
-            self.futures.update({i: self.pool.submit(_fetch, self.shards[i]) for i in ahead if i not in self.futures})
+            self.futures.update({i: self.pool.submit(fetch_or_error, self.shards[i])
+                                 for i in ahead if i not in self.futures})
         else:
             self.close()
-        return [_open(one) for one in fetched]
+        loaded = [open_or_error(one) for one in fetched]
+        return [self.shards[i] if isinstance(one, ShardError) else one for i, one in zip(indices, loaded)]
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _fetch(shard: ShardSource) -> FetchedShard | ShardSource:
-    try:
-        return fetch_shard(shard)
-    except ShardError:
-        return shard
-
-
-def _open(fetched: FetchedShard | ShardSource) -> LoadedShard | ShardSource:
-    if isinstance(fetched, ShardSource):
-        return fetched
-    try:
-        return open_fetched(fetched)
-    except ShardError:
-        return fetched.source
 
 
 def _batch_parts(scorer: "Scorer", choice: VerifierChoice, batches: Iterator[pa.RecordBatch],
