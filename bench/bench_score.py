@@ -11,9 +11,13 @@ Stored rollouts, written as run folders of Arrow shards (512 rows each) by hubgy
   actions) scored by its verifier and replicated to `--rows` rows (synthetic token ids);
 - one real run: `--vllm-env` sampled with vLLM and the tiny local model (`--vllm-tasks` x `--n`).
 
-Then, in one run, per env, `--repeats` times each after one warm-up (medians shown):
+Then, per env, `--repeats` rounds in which each way below takes its turn (the machine's load drifts, and
+turns keep the ratios fair), after one warm-up of each re-score; medians shown:
 - reward code alone: `Verifier.score` in a plain loop over rows decoded beforehand, the floor
   of any framework running this reward code in one process;
+- decode + score only: map each shard, decode what `Verifier.score(task, completion)` is given
+  (a task dict and message dicts per row) and call it; no hash, no checks, no new columns, no diff:
+  what a one-process re-score can reach at best, since the contract's Python objects must be built;
 - hubgym: `rescore(run)` in one process, over every core, and in one process writing the new
   shards; each reads the shards, decodes the rows, scores them and builds the new columns;
 - verifiers, in a process of its venv, shard by shard as hubgym streams them: read a shard
@@ -117,21 +121,34 @@ def vllm_run(folder: Path, env: str, tasks: int, n: int) -> Path:
 
 # ---------------------------------------------------------------- the two sides
 
-def hubgym_rates(run: Path, out: Path, repeats: int) -> dict[str, float]:
-    """Median rows/s of `rescore`: 1 process, every core, 1 process writing shards (after one warm-up each; the
-    pool of every core is started by its warm-up and kept, as it is for a process that re-scores again)."""
+def rates(run: Path, env: str, out: Path, repeats: int) -> dict[str, float]:
+    """Median rows/s of each way of scoring `run`: the reward code alone, decode + score only, and `rescore` in
+    1 process, over every core and in 1 process writing shards. The ways take turns in every repeat, so a
+    change in the machine's load (other jobs share it) moves them together and their ratios stay fair. Each
+    `rescore` way is warmed up once first (the verifier imported, polars warm, the pool of every core started
+    and kept, as it is for a process that re-scores again)."""
+    from hubgym.builders.registry import resolve_env
     from hubgym.score.rescore import rescore
 
-    rescore(run, workers=1)  # imports the verifier, warms polars: not what a large re-score pays per row
-    rescore(run, workers=os.cpu_count())  # starts the pool
-    rates: dict[str, list[float]] = {"one": [], "all": [], "write": []}
+    verifier = resolve_env(env).verifier()
+    paths = sorted((run / "shards").glob("*.arrow"))
+
+    def rescored(workers: int, target: Path | None) -> float:
+        result = rescore(run, workers=workers, out=target)
+        if result.changed or result.counts["rescore_errors"].sum():
+            raise RuntimeError(f"{run}: a re-score with the same verifier changed {result.changed} rows")
+        return result.rows_per_s
+
+    cores = os.cpu_count()
+    ways = {"alone": lambda: reward_code_rate(paths, env, verifier),
+            "bare": lambda: decode_and_score_rate(paths, verifier),
+            "one": lambda: rescored(1, None), "all": lambda: rescored(cores, None), "write": lambda: rescored(1, out)}
+    rescored(1, None), rescored(cores, None)
+    measured: dict[str, list[float]] = {key: [] for key in ways}
     for _ in range(repeats):
-        for key, workers, target in (("one", 1, None), ("all", os.cpu_count(), None), ("write", 1, out)):
-            result = rescore(run, workers=workers, out=target)
-            if result.changed or result.counts["rescore_errors"].sum():
-                raise RuntimeError(f"{run}: a re-score with the same verifier changed {result.changed} rows")
-            rates[key].append(result.rows_per_s)
-    return {key: statistics.median(values) for key, values in rates.items()}
+        for key, way in ways.items():
+            measured[key].append(way())
+    return {key: statistics.median(values) for key, values in measured.items()}
 
 
 def fixed_seconds(folder: Path, env: str, repeats: int) -> float:
@@ -143,26 +160,46 @@ def fixed_seconds(folder: Path, env: str, repeats: int) -> float:
     return statistics.median(rescore(run, workers=1).seconds for _ in range(max(repeats, 5)))
 
 
-def reward_code_rate(run: Path, env: str, repeats: int) -> float:
-    """Median rows/s of `Verifier.score` alone, in a plain loop over rows decoded beforehand: the floor."""
+def reward_code_rate(paths: list[Path], env: str, verifier) -> float:
+    """Rows/s of `Verifier.score` alone, in a plain loop over rows decoded beforehand: the floor."""
     import pyarrow as pa
 
-    from hubgym.builders.registry import resolve_env
-
-    verifier = resolve_env(env).verifier()
     rows = []
-    for path in sorted((run / "shards").glob("*.arrow")):
+    for path in paths:
         for row in pa.ipc.open_file(path).read_all().select(list(COLUMNS)).to_pylist():
             info = json.loads(row["info"]) if isinstance(row["info"], str) else row["info"]
             rows.append(({"id": row["task_id"], "env": env, "prompt": row["prompt"], "info": info,
                           "interaction": row["interaction"]}, row["completion"]))
-    rates = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for task, completion in rows:
-            verifier.score(task, completion)
-        rates.append(len(rows) / (time.perf_counter() - started))
-    return statistics.median(rates)
+    started = time.perf_counter()
+    for task, completion in rows:
+        verifier.score(task, completion)
+    return len(rows) / (time.perf_counter() - started)
+
+
+def decode_and_score_rate(paths: list[Path], verifier) -> float:
+    """Rows/s of the least any framework can do to hand `Verifier.score` its arguments from stored shards:
+    map each shard (no sha256, no checks), decode the fields a task holds and the completion (`to_pylist`,
+    `info` parsed), call `Verifier.score`, keep the reward; the collector paused shard by shard, as hubgym's
+    scoring pauses it batch by batch. Nothing else: no metrics, no diff, no output: the most a re-score in one
+    process can reach."""
+    import pyarrow as pa
+
+    from hubgym.schemas.tasks import parse_json
+    from hubgym.score.scoring import collector_paused
+
+    names = ("task_id", "env", "prompt", "interaction", "info", "completion")
+    started, rewards = time.perf_counter(), []
+    for path in paths:
+        with collector_paused():
+            table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+            ids, envs, prompts, interactions, infos, completions = (
+                (column.storage if isinstance(column, pa.ExtensionArray) else column).to_pylist()
+                for column in (table.column(name).combine_chunks() for name in names))
+            tasks = [{"id": i, "env": e, "prompt": p, "interaction": x, "info": parse_json(f)}
+                     for i, e, p, x, f in zip(ids, envs, prompts, interactions, infos)]
+            rewards += [verifier.score(task, completion).reward for task, completion in zip(tasks, completions)]
+            del tasks, completions, prompts, interactions  # freed while the collector is paused, as hubgym's are
+    return len(rewards) / (time.perf_counter() - started)
 
 
 def verifiers_rates(python: str, run: Path, env: str, repeats: int) -> dict[str, float]:
@@ -301,18 +338,18 @@ def measure(tmp: Path, args):
         env = args.vllm_env.split(":")[0]
         runs.append((f"{env} (vLLM run)", env, vllm_run(tmp / "vllm", args.vllm_env, args.vllm_tasks, args.n)))
     cores = os.cpu_count()
-    columns = ["env", "rows", "reward code alone", "hubgym 1 proc", f"hubgym {cores} procs", "hubgym 1 proc + write",
-               "hubgym / reward code alone (1 proc)", "fixed (ms)"]
+    columns = ["env", "rows", "reward code alone", "decode + score only", "hubgym 1 proc", f"hubgym {cores} procs", "hubgym 1 proc + write",
+               "decode + score only / reward code alone", "hubgym / reward code alone (1 proc)", "fixed (ms)"]
     if not args.no_verifiers:
         columns += ["verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)"]
     table = Table(*columns, title="re-scoring stored rollouts: rows/s (median of repeats)")
     for label, env, run in runs:
-        floor = reward_code_rate(run, env, args.repeats)
-        ours = hubgym_rates(run, tmp / "out" / label.replace(" ", "_"), args.repeats)
+        ours = rates(run, env, tmp / "out" / label.replace(" ", "_"), args.repeats)
+        floor, bare = ours["alone"], ours["bare"]
         fixed = fixed_seconds(tmp / "one" / label.replace(" ", "_"), env, args.repeats)
         rows = sum(1 for _ in iter_rows(run))
-        cells = [label, f"{rows:,}", f"{floor:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
-                 f"{ours['write']:,.0f}", f"{ours['one'] / floor:.2f}x", f"{fixed * 1000:.1f}"]
+        cells = [label, f"{rows:,}", f"{floor:,.0f}", f"{bare:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
+                 f"{ours['write']:,.0f}", f"{bare / floor:.2f}x", f"{ours['one'] / floor:.2f}x", f"{fixed * 1000:.1f}"]
         if not args.no_verifiers:
             theirs = verifiers_rates(args.verifiers_python, run, env, args.repeats)
             best = max(ours["one"], ours["all"])

@@ -343,3 +343,34 @@ def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     written = list(iter_rollouts([tmp_path / "v2"]))
     assert {r["rescore_reward"] for r in written} == {1.0} and {r["reward"] for r in written} == {0.0, 1.0}
     assert all(r["rescore_verifier_module"] and json.dumps(r["info"]) for r in written)
+
+
+@pytest.mark.slow
+def test_rescore_of_a_hub_run_on_a_ray_cluster_gives_what_one_machine_gives(cluster, http_hub, hub_server, tmp_path):
+    """`hubgym score REF --ray`: a hub run is streamed by the driver and its batches go to Ray tasks as Arrow bytes
+    (no shared filesystem), a changed verifier file shipped with them; the report and the output shards are those
+    of a re-score on one machine."""
+    address = cluster.start_head(num_cpus=2)
+    pushed = push_rollouts(make_run(tmp_path / "run", "runa", groups=12), "org/rollouts", hub=http_hub)
+    verifier = tmp_path / "elsewhere" / "arith_v2.py"  # Ray's workers run in other folders: found by its bytes
+    verifier.parent.mkdir()
+    verifier.write_text("from hubgym.verifiers.arithmetic import formatted\n"
+                        "def lenient(task, completion):\n    return 1.0\n"
+                        "REWARDS = {lenient: 1.0, formatted: 0.0}\nREWARD_RANGE = (0.0, 1.0)\n")
+    script = Path(sys.executable).with_name("hubgym")
+
+    def score(out: Path, *ray: str) -> subprocess.CompletedProcess:
+        return subprocess.run([script, "score", pushed.ref, "--hub", hub_server.url, "--verifier", str(verifier),
+                               "--out", str(out), *ray], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "COLUMNS": "200"})
+
+    here, there = score(tmp_path / "one"), score(tmp_path / "ray", "--ray", "--ray-address", address)
+    assert here.returncode == 0 and there.returncode == 0, here.stdout[-2000:] + there.stdout[-3000:] + there.stderr[-3000:]
+    assert "what changed: 12 of 24" in " ".join(there.stdout.split())  # every wrong answer now scores 1
+    tables = [[line.replace(str(out), "OUT") for line in done.stdout.splitlines() if "rows/s" not in line]
+              for done, out in ((here, tmp_path / "one"), (there, tmp_path / "ray"))]
+    assert tables[0] == tables[1]
+    manifests = [json.loads((tmp_path / side / "manifest-w000of001.json").read_text()) for side in ("one", "ray")]
+    assert manifests[0]["rescore"]["counts"] == manifests[1]["rescore"]["counts"]
+    assert manifests[0]["shard_files"] == manifests[1]["shard_files"]  # the same bytes, shard by shard
+    assert {r["rescore_reward"] for r in iter_rollouts([tmp_path / "ray"])} == {1.0}
