@@ -338,18 +338,19 @@ def measure(tmp: Path, args):
         env = args.vllm_env.split(":")[0]
         runs.append((f"{env} (vLLM run)", env, vllm_run(tmp / "vllm", args.vllm_env, args.vllm_tasks, args.n)))
     cores = os.cpu_count()
-    columns = ["env", "rows", "reward code alone", "decode + score only", "hubgym 1 proc", f"hubgym {cores} procs", "hubgym 1 proc + write",
-               "decode + score only / reward code alone", "hubgym / reward code alone (1 proc)", "fixed (ms)"]
+    columns = ["env", "rows", "reward code alone", "decode + score only", "hubgym 1 proc", f"hubgym {cores} procs",
+               "hubgym 1 proc + write", "decode + score only / reward code alone", "hubgym / reward code alone (1 proc)",
+               "fixed (ms)"]
     if not args.no_verifiers:
         columns += ["verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)"]
     table = Table(*columns, title="re-scoring stored rollouts: rows/s (median of repeats)")
     for label, env, run in runs:
         ours = rates(run, env, tmp / "out" / label.replace(" ", "_"), args.repeats)
-        floor, bare = ours["alone"], ours["bare"]
+        alone, bare = ours["alone"], ours["bare"]
         fixed = fixed_seconds(tmp / "one" / label.replace(" ", "_"), env, args.repeats)
         rows = sum(1 for _ in iter_rows(run))
-        cells = [label, f"{rows:,}", f"{floor:,.0f}", f"{bare:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
-                 f"{ours['write']:,.0f}", f"{bare / floor:.2f}x", f"{ours['one'] / floor:.2f}x", f"{fixed * 1000:.1f}"]
+        cells = [label, f"{rows:,}", f"{alone:,.0f}", f"{bare:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
+                 f"{ours['write']:,.0f}", f"{bare / alone:.2f}x", f"{ours['one'] / alone:.2f}x", f"{fixed * 1000:.1f}"]
         if not args.no_verifiers:
             theirs = verifiers_rates(args.verifiers_python, run, env, args.repeats)
             best = max(ours["one"], ours["all"])
