@@ -339,8 +339,8 @@ def measure(tmp: Path, args):
         runs.append((f"{env} (vLLM run)", env, vllm_run(tmp / "vllm", args.vllm_env, args.vllm_tasks, args.n)))
     cores = os.cpu_count()
     columns = ["env", "rows", "reward code alone", "decode + score only", "hubgym 1 proc", f"hubgym {cores} procs",
-               "hubgym 1 proc + write", "decode + score only / reward code alone", "hubgym / reward code alone (1 proc)",
-               "fixed (ms)"]
+               "hubgym 1 proc + write", "decode + score only / reward code alone",
+               "hubgym / reward code alone (1 proc)", "fixed (ms)"]
     if not args.no_verifiers:
         columns += ["verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)"]
     table = Table(*columns, title="re-scoring stored rollouts: rows/s (median of repeats)")
