@@ -392,7 +392,8 @@ class HubHandler(BaseHTTPRequestHandler):
     def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None, head: bool = False) -> None:
         self.send_response(status)
         for key, value in (headers or {}).items():
-            self.send_header(key, value)
+            # HTTP headers are latin-1: other characters (a revision named in X-Error-Message) go escaped
+            self.send_header(key, value.encode("latin-1", "backslashreplace").decode("latin-1"))
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:

@@ -256,7 +256,8 @@ def test_hostile_names_never_reach_a_push(tmp_path):
 
 @settings(FUZZ, max_examples=40)
 @given(names)
-@examples("../../../../../tmp/x", "%2e%2e%2f%2e%2e", "refs/pr/1", "\u00e9t\u00e9")
+@examples("../../../../../tmp/x", "%2e%2e%2f%2e%2e", "refs/pr/1", "\u00e9t\u00e9",
+          "\uff0e\uff0e")  # fullwidth dots: ".." under NFKC, and not latin-1 (an error header must escape them)
 def test_hostile_revisions_over_http_write_nothing_outside_the_cache(hub_client, tmp_path, monkeypatch, revision):
     hub_client.token = TOKEN
     monkeypatch.setenv("HF_TOKEN", TOKEN)

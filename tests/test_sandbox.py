@@ -23,7 +23,9 @@ from hubgym.tools.limits import cgroup_layout
 from hubgym.tools.sandbox import SandboxConfig, run_sandboxed
 
 REPO = Path(__file__).resolve().parents[1]
-FAST = SandboxConfig(timeout_s=5, cpu_s=5, memory_mb=512, max_procs=16, max_output_bytes=20_000)
+# Code that ends by itself: its wall-clock limit is far above what it needs, because a loaded machine can take
+# seconds to start Python in a new sandbox (tests of the limits themselves set theirs).
+FAST = SandboxConfig(timeout_s=60, cpu_s=5, memory_mb=512, max_procs=16, max_output_bytes=20_000)
 BOUNDS = ["cgroup", "watchdog"]  # what bounds a whole call; "auto" picks the first that works
 
 
