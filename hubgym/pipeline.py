@@ -161,11 +161,10 @@ def _check_envs(settings: DemoSettings, console: Console) -> int:
     results = views.with_progress(console, settings.check_envs or list(BUILTIN_ENVS), one,
                                   verb="building and checking")
     console.print(views.summary_table(summaries))
-    failed = [r for r in results if not r.ok]
-    if failed:
+    failed = [r for r in results if r.failed]
+    if any(not r.ok for r in results):
         console.print(views.failures(results), soft_wrap=True)
-    console.print(Text(f"{len(results) - len(failed)}/{len(results)} checks passed",
-                       style="bold red" if failed else "bold green"))
+    console.print(Text(views.checks_verdict(results), style="bold red" if failed else "bold green"))
     return len(failed)
 
 

@@ -25,7 +25,7 @@ from hubgym.catalog import EnvEntry, count_rows, split_of
 if TYPE_CHECKING:
     from hubgym.conformance import CheckResult
 
-PASS, FAIL = Text("pass", style="green"), Text("FAIL", style="bold red")
+PASS, FAIL, SKIP = Text("pass", style="green"), Text("FAIL", style="bold red"), Text("skip", style="yellow")
 
 
 def error_text(exc: BaseException) -> str:
@@ -117,17 +117,30 @@ def checks_table(results: list[CheckResult]) -> Table:
     for column, justify in (("env", "left"), ("check", "left"), ("status", "left"), ("seconds", "right")):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for r in results:
-        table.add_row(Text(r.env), Text(r.check), PASS if r.ok else FAIL, f"{r.seconds:.2f}")
+        table.add_row(Text(r.env), Text(r.check), PASS if r.ok else SKIP if r.skipped else FAIL, f"{r.seconds:.2f}")
     return table
 
 
 def failures(results: list[CheckResult]) -> Group:
-    """Every failure message in full, under a header naming the env and the check."""
+    """Every failure message in full, under a header naming the env and the check; then each skipped check's
+    reason (what failed before it), dimmed."""
     parts: list[Text] = []
-    for r in results:
-        if not r.ok:
-            parts += [Text.assemble(("FAIL ", "bold red"), (f"{r.env} / {r.check}", "bold")), Text(r.message), Text("")]
+    for r in sorted((r for r in results if not r.ok), key=lambda r: r.skipped):
+        label = ("SKIP ", "yellow") if r.skipped else ("FAIL ", "bold red")
+        parts += [Text.assemble(label, (f"{r.env} / {r.check}", "bold")), Text(r.message, style="dim" * r.skipped),
+                  Text("")]
     return Group(*parts)
+
+
+def checks_verdict(results: list[CheckResult]) -> str:
+    """'2 of 19 checks failed, 5 skipped' / 'all 19 checks passed' / '18 of 19 checks passed, 1 skipped'."""
+    failed, skipped = sum(r.failed for r in results), sum(r.skipped for r in results)
+    also = f", {skipped} skipped" if skipped else ""
+    if failed:
+        return f"{failed} of {len(results)} checks failed{also}"
+    if skipped:
+        return f"{len(results) - skipped} of {len(results)} checks passed{also}"
+    return f"all {len(results)} checks passed"
 
 
 @dataclass(frozen=True)

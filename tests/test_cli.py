@@ -186,7 +186,7 @@ def test_main_job_runs_every_stage(tmp_path):
     text = one_line(done.stdout)
     for stage in ("1 model", "2 envs", "3 hub", "4 rollouts", "5 re-score", "6 train", "7 report"):
         assert stage in text
-    assert f"{len(CHECKS) + 1}/{len(CHECKS) + 1} checks passed" in text and "-> 25 rows" in text
+    assert f"all {len(CHECKS) + 1} checks passed" in text and "-> 25 rows" in text
     assert "0 of 200 rows changed" in text  # stored rewards equal a fresh re-score from the hub
     assert "held-out evaluation" in text and "pass@k" in text
     for png in ("eval.png", "rescored/rescore.png", "train/metrics.png"):

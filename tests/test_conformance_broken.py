@@ -17,6 +17,7 @@ SEEDED_FIX = ("Fix: make it a function of its inputs only: derive randomness fro
               "random.Random(task['info']['seed'])) and keep no module-level mutable state")
 HIDDEN_STATE = ("most likely reset or step uses an unseeded random generator, the clock, or state kept outside "
                 "`state` (a module-level variable that changes as it is called)")
+CLOCKS = "2031-05-17 09:30:00 Pacific/Kiritimati, then 2003-02-03 22:15:00 America/Adak"
 PURE_FIX = ("Fix: keep scoring pure: read shipped data at import time, keep caches in memory, and return values "
             "instead of writing them (stored rollouts are re-scored anywhere, forever)")
 
@@ -27,10 +28,31 @@ BROKEN = {
         "generator [env='unstable_ids' config='default' split='train' row='{...}' field='id']. Fix: draw everything "
         "from random.Random(seed) (the seed generate_tasks receives) and build rows with hubgym.make_task"),
     "nondeterministic_rows": (
-        "check_deterministic_rows: row {...} differs between two builds of the same config and seed (id: '{id}' then "
-        "'{id}'); most likely generate_tasks uses an unseeded random generator, the clock, or the order of a set "
-        "[env='nondeterministic_rows' config='default' split='train' row='{id}' field='id']. Fix: draw everything "
-        "from random.Random(seed) and iterate over sorted collections"),
+        "check_deterministic_rows: row {...} differs between two builds of the same config and seed (info.word: "
+        "'{...}' then '{...}'); most likely generate_tasks uses an unseeded random generator, the clock, or the order "
+        "of a set [env='nondeterministic_rows' config='default' split='train' row='{id}' field='info.word']. Fix: "
+        "draw everything from random.Random(seed) and iterate over sorted collections"),
+    "reads_the_date": (
+        "check_ids_stable: ids differ between two builds of the same config and seed: row 0 was '{id}', then '{id}' "
+        "(its info.asked_on changed: '2031-05-17' then '2003-02-03'); the builds ran under two clocks and time zones "
+        f"({CLOCKS}), and a third under the first clock gave the first build's rows again: generate_tasks reads the "
+        "date, the clock or the time zone [env='reads_the_date' config='default' split='train' row='{id}' "
+        "field='info.asked_on']. Fix: take dates from the config or from random.Random(seed), never from "
+        "date.today(), datetime.now() or time.time(); run a wrapped generator that reads the clock under "
+        "hubgym.builders.clock.at_clock(PINNED_CLOCK)"),
+    "rows_follow_hash_seed": (
+        "check_rows_independent_of_hash_seed: row {...} differs between builds in two processes with different hash "
+        "seeds (PYTHONHASHSEED {...} here, {...} there) (info.word: '{...}' then '{...}'); most likely generate_tasks "
+        "iterates over a set (or a dict built from one), or seeds a generator with hash() of a string "
+        "[env='rows_follow_hash_seed' config='default' split='train' row='{id}' field='info.word']. Fix: iterate "
+        "over sorted(...) collections, and derive seeds with hashlib or zlib.crc32, never hash()"),
+    "reward_reads_the_clock": (
+        f"check_scoring_deterministic: scoring the empty reply under two clocks and time zones ({CLOCKS}) gave "
+        "reward 0.0 {'correct': 0.0, 'weekend': 1.0}, then reward 0.0 {'correct': 0.0, 'weekend': 0.0}, and under "
+        "the first clock again reward 0.0 {'correct': 0.0, 'weekend': 1.0}: the verifier reads the date, the clock "
+        "or the time zone [env='reward_reads_the_clock' config='default' split='train' row='{id}' "
+        "field='verifier']. Fix: score from the task and the completion only; put any date a reward needs into the "
+        "row's info when the builder makes it"),
     "bad_feature": (
         "check_schema: the 'train' split declares 'interaction.max_turns' as Value('string'), but the task schema has "
         "Value('int32'); most likely the builder overrides _info [env='bad_feature' config='default' split='train' "
@@ -157,3 +179,16 @@ def test_check_env_reports_the_failure_without_raising_and_runs_the_other_checks
     assert [r.check for r in failed] == ["check_golden_cases"]
     assert re.match(pin(BROKEN["golden_disagrees"]), failed[0].message)
     assert results[-1].check == "check_golden_replay" and results[-1].ok  # later checks still ran
+
+
+def test_a_check_that_cannot_run_is_reported_as_skipped_not_failed():
+    """A row order that follows an unseeded generator also differs across processes: the hash-seed check is skipped
+    (its prerequisite, two agreeing builds, failed), and the verdict counts one failure."""
+    results = {r.check: r for r in check_env(str(ENVS / "nondeterministic_rows"))}
+    skipped = results["check_rows_independent_of_hash_seed"]
+    assert (skipped.status, skipped.failed) == ("skipped", False)
+    assert skipped.message == (
+        "check_rows_independent_of_hash_seed: skipped: needs two builds in this process that agree, which failed in "
+        "check_deterministic_rows [env='nondeterministic_rows' config='default']. Fix: fix the "
+        "check_deterministic_rows failure first")
+    assert [r.check for r in results.values() if r.failed] == ["check_deterministic_rows"]

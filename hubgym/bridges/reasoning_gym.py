@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from hubgym.builders.base import TaskBuilder, TaskConfig, split_seed
+from hubgym.builders.clock import Clock, at_clock
 from hubgym.builders.families import FamilyEnv, load_index, unknown_env
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
 from hubgym.schemas import Task, make_task, system, user
@@ -39,7 +40,7 @@ SYSTEM_PROMPT = ("Solve the task. Think it through, then give only your final an
 DRAWS_PER_ROW = 3  # a split draws at most 3 * size + 30 items to find `size` distinct questions
 DOC = """{env}: reasoning-gym's `{generator}` generator ({category}), answered in one turn.
 
-{description}
+{description}{pinned}
 
 Task:
     The generator's question; reply with the final answer inside <answer></answer>.
@@ -67,6 +68,7 @@ class ReasoningGymTask(TaskBuilder):
     """Base of every `rg_*` builder; `make_builder` fills GENERATOR and the class attributes."""
 
     GENERATOR: ClassVar[str]
+    CLOCK: ClassVar[Clock | None] = None  # the pinned clock of a generator that reads the date (see the probe)
     VERIFIER = "hubgym.verifiers.reasoning_gym"
     BUILDER_CONFIG_CLASS = GeneratorConfig
     ROWS_IN_RANDOM_ORDER = True  # each row from its own seed: a mixture need not shuffle them
@@ -77,7 +79,8 @@ class ReasoningGymTask(TaskBuilder):
         if split != "train" and "train" in cfg.sizes:  # no question of train in another split
             banned = self._train_questions(params_json)
         questions = []
-        for entry in iter_entries(self.GENERATOR, params_json, seed, size, banned, Where(self.ENV, cfg.name, split)):
+        where = Where(self.ENV, cfg.name, split)
+        for entry in iter_entries(self.GENERATOR, params_json, seed, size, banned, where, self.CLOCK):
             questions.append(entry["question"])
             yield task_from_entry(self.ENV, self.GENERATOR, cfg.params, entry, cfg.name, self.TAGS)
         if split == "train":  # the whole split was read: the test split of this build excludes these questions
@@ -89,7 +92,7 @@ class ReasoningGymTask(TaskBuilder):
         if drawn is None:
             cfg = self.config
             entries = draw_entries(self.GENERATOR, params_json, split_seed(cfg.seed, "train"), cfg.sizes["train"],
-                                   frozenset(), Where(self.ENV, cfg.name, "train"))
+                                   frozenset(), Where(self.ENV, cfg.name, "train"), self.CLOCK)
             drawn = frozenset(e["question"] for e in entries)
         return drawn
 
@@ -106,22 +109,24 @@ def task_from_entry(env: str, generator: str, params: dict[str, Any], entry: dic
 
 
 def draw_entries(generator: str, params_json: str, seed: int, size: int, banned: frozenset[str],
-                 where: Where) -> list[dict[str, Any]]:
+                 where: Where, clock: Clock | None = None) -> list[dict[str, Any]]:
     """Up to `size` checked entries with distinct questions, none of them in `banned`. Fewer when the
     generator's space is that small (deterministic all the same)."""
-    return list(iter_entries(generator, params_json, seed, size, banned, where))
+    return list(iter_entries(generator, params_json, seed, size, banned, where, clock))
 
 
 def iter_entries(generator: str, params_json: str, seed: int, size: int, banned: frozenset[str],
-                 where: Where) -> Iterator[dict[str, Any]]:
+                 where: Where, clock: Clock | None = None) -> Iterator[dict[str, Any]]:
     """`draw_entries` one at a time: a task mixture that draws a few rows of an env generates only those
-    (a split of a slow generator takes minutes to generate whole)."""
+    (a split of a slow generator takes minutes to generate whole). With `clock`, the generator sees that
+    clock while it makes and scores each item (one that reads the date gives the same items on every day)."""
     import reasoning_gym
 
     params, banned = json.loads(params_json), set(banned)
     limit = DRAWS_PER_ROW * size + 30
     try:
-        dataset = reasoning_gym.create_dataset(generator, **params, seed=seed, size=limit)
+        with at_clock(clock):
+            dataset = reasoning_gym.create_dataset(generator, **params, seed=seed, size=limit)
     except Exception as exc:
         raise EnvContractError(f"reasoning-gym's {generator!r} refused its config: {type(exc).__name__}: {exc}",
                                Where(where.env, where.config, where.split, field="params"),
@@ -131,7 +136,8 @@ def iter_entries(generator: str, params_json: str, seed: int, size: int, banned:
     for index in range(limit):
         if drawn == size:
             return
-        entry = checked_entry(generator, params, dataset, index, where)
+        with at_clock(clock):  # per item: the caller's code between items runs on the real clock
+            entry = checked_entry(generator, params, dataset, index, where)
         if entry["question"] not in banned:
             banned.add(entry["question"])
             drawn += 1
@@ -194,10 +200,13 @@ def make_builder(env: str, spec: dict[str, Any], version: str) -> type[Reasoning
                for name, params in spec["configs"].items()]
     doc = DOC.format(env=env, generator=spec["generator"], category=spec["category"],
                      description=spec["description"], configs=", ".join(spec["configs"]), version=version,
-                     sizes="; ".join(f"{n}: {_train_first(s)}" for n, s in spec["sizes"].items()))
+                     sizes="; ".join(f"{n}: {_train_first(s)}" for n, s in spec["sizes"].items()),
+                     pinned=f"\n\nThe generator reads the date; it runs at {Clock(**spec['clock'])} (pinned), so the "
+                            f"rows are the same on every day." if spec.get("clock") else "")
     name = "".join(part.title() for part in env.split("_"))
     return type(name, (ReasoningGymTask,), {
         "__doc__": doc, "__module__": __name__, "ENV": env, "GENERATOR": spec["generator"],
+        "CLOCK": Clock(**spec["clock"]) if spec.get("clock") else None,
         "GOLDEN": f"golden/{env}.jsonl", "TAGS": tuple(spec["tags"]), "BUILDER_CONFIGS": configs,
     })
 

@@ -6,7 +6,9 @@
 
 A generator is bridged when its default config, rebuilt from JSON, yields items that are the same for the same
 seed, are JSON, and whose answer its own scorer gives 1.0 (sampled: PROBE_ITEMS items). Otherwise it is
-EXCLUDED with the reason. `easy` and `hard` (curriculum levels 0 and top, upper-bound ranges) are added where
+EXCLUDED with the reason. Items are drawn under two fake clocks in two time zones (CHECK_CLOCKS): a generator
+whose items follow the clock (and only the clock) is pinned to PINNED_CLOCK, recorded as its spec's `clock`,
+so its rows are the same on every day; one whose items change otherwise is excluded as nondeterministic. `easy` and `hard` (curriculum levels 0 and top, upper-bound ranges) are added where
 the generator has a curriculum and pass the same probe; otherwise they are dropped with the reason.
 
 Config fields are stored as the difference from the generator's defaults: smaller rows, and fields whose
@@ -27,6 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hubgym.builders.clock import CHECK_CLOCKS, PINNED_CLOCK, Clock, at_clock
 from hubgym.builders.families import FamilyEnv, write_index
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import atomic_write_bytes
@@ -103,14 +106,27 @@ def hash_seed_sensitive(generators: list[str]) -> list[str]:
     return [g for g in generators if samples[0][g] != samples[1][g]]
 
 
-def sample_items(generator: str) -> str:
-    """The first items (20; 5 of a slow generator) of the default config at the probe seed, as text."""
+def sample_items(generator: str, clock: Clock = PINNED_CLOCK) -> str:
+    """The first items (20; 5 of a slow generator) of the default config at the probe seed, as text, under
+    `clock` (the hash-seed probe: the same in both processes, so only the hash seed differs)."""
     import reasoning_gym
 
     items = 5 if generator in SMALL else 20
+    with at_clock(clock):
+        dataset = reasoning_gym.create_dataset(generator, seed=PROBE_SEED, size=items)
+        return json.dumps([dataset[i] for i in range(items)], sort_keys=True, default=repr)
 
-    dataset = reasoning_gym.create_dataset(generator, seed=PROBE_SEED, size=items)
-    return json.dumps([dataset[i] for i in range(items)], sort_keys=True, default=repr)
+
+def follows_clock(generator: str) -> bool:
+    """Whether the default config's first items (as many as `sample_items` draws: more than probe_config's, so
+    an item kind that reads the date shows) change between the two CHECK_CLOCKS, and only with the clock."""
+    first, second = (sample_items(generator, clock) for clock in CHECK_CLOCKS)
+    if first == second:
+        return False
+    if sample_items(generator, CHECK_CLOCKS[0]) != first:
+        raise ProbeFailure("nondeterministic: two generators with the same seed gave different items "
+                           "(it draws from an unseeded random source)")
+    return True
 
 
 def probe_generator(generator: str) -> tuple[dict[str, Any], dict[str, str]]:
@@ -120,21 +136,26 @@ def probe_generator(generator: str) -> tuple[dict[str, Any], dict[str, str]]:
     if generator in NOT_GENERATORS:
         raise ProbeFailure(NOT_GENERATORS[generator])
     dataset_cls, _ = DATASETS[generator]
-    configs, dropped = {}, {}
+    configs, dropped, clock = {}, {}, None
     for name, params in candidate_configs(generator).items():
         try:
             if (generator, name) in TOO_SLOW:
                 raise ProbeFailure(TOO_SLOW[generator, name])
-            configs[name] = probe_config(generator, name, params)
+            configs[name], reads_clock = probe_config(generator, name, params)
+            clock = PINNED_CLOCK if reads_clock else clock
         except ProbeFailure as exc:
             if name == "default":
                 raise
             dropped[name] = str(exc)
+    if clock is None and follows_clock(generator):
+        clock = PINNED_CLOCK
     sizes = SMALL_SIZES if generator in SMALL else MEDIUM_SIZES if generator in MEDIUM else SIZES
     category = dataset_cls.__module__.split(".")[1]
     spec = {"generator": generator, "category": category, "description": describe(dataset_cls, generator),
             "tags": [category.lower(), "procedural"], "configs": configs,
             "sizes": {name: dict(sizes) for name in configs}}
+    if clock is not None:
+        spec["clock"] = dataclasses.asdict(clock)
     try:  # the golden items are more items of the default config: they must pass the same checks
         golden_cases(PREFIX + generator, spec)
     except EnvContractError as exc:
@@ -169,10 +190,9 @@ def _fields(config: Any) -> dict[str, Any]:
     return {k: v for k, v in dataclasses.asdict(config).items() if k not in ("seed", "size")}
 
 
-def probe_config(generator: str, name: str, params: dict[str, Any] | Exception) -> dict[str, Any]:
-    """The config's fields as JSON, when its items pass the probe; else ProbeFailure with the reason."""
-    import reasoning_gym
-
+def probe_config(generator: str, name: str, params: dict[str, Any] | Exception) -> tuple[dict[str, Any], bool]:
+    """(the config's fields as JSON, whether its items follow the clock) when its items pass the probe under the
+    two CHECK_CLOCKS, or under PINNED_CLOCK when they follow the clock; else ProbeFailure with the reason."""
     if isinstance(params, Exception):
         raise ProbeFailure(f"raises: the curriculum cannot make this level: {_error(params)}")
     try:
@@ -180,19 +200,31 @@ def probe_config(generator: str, name: str, params: dict[str, Any] | Exception) 
     except (TypeError, ValueError) as exc:
         raise ProbeFailure(f"non-JSON config: {exc}") from None
     where = Where(PREFIX + generator, name, "probe")
-    rounds, items = [], DEEP_PROBE.get(generator, PROBE_ITEMS)
-    for _ in range(2):
-        try:
-            dataset = reasoning_gym.create_dataset(generator, **as_json, seed=PROBE_SEED, size=items)
-            rounds.append([checked_entry(generator, as_json, dataset, i, where) for i in range(items)])
-        except EnvContractError as exc:
-            raise ProbeFailure(_reason(exc)) from None
-        except Exception as exc:
-            raise ProbeFailure(f"raises: {_error(exc)}") from None
-    if json.dumps(rounds[0], sort_keys=True) != json.dumps(rounds[1], sort_keys=True):
-        raise ProbeFailure("nondeterministic: two generators with the same seed gave different items "
-                           "(it draws from an unseeded random source)")
-    return as_json
+    first, second = (_probe_round(generator, as_json, where, clock) for clock in CHECK_CLOCKS)
+    if first == second:
+        return as_json, False
+    if _probe_round(generator, as_json, where, CHECK_CLOCKS[0]) == first:  # the clock alone moved it: pin it
+        if _probe_round(generator, as_json, where, PINNED_CLOCK) == _probe_round(generator, as_json, where,
+                                                                                  PINNED_CLOCK):
+            return as_json, True
+    raise ProbeFailure("nondeterministic: two generators with the same seed gave different items "
+                       "(it draws from an unseeded random source)")
+
+
+def _probe_round(generator: str, params: dict[str, Any], where: Where, clock: Clock) -> str:
+    """The probe's items of one config under `clock`, as JSON text; ProbeFailure when an item is refused."""
+    import reasoning_gym
+
+    items = DEEP_PROBE.get(generator, PROBE_ITEMS)
+    try:
+        with at_clock(clock):
+            dataset = reasoning_gym.create_dataset(generator, **params, seed=PROBE_SEED, size=items)
+            return json.dumps([checked_entry(generator, params, dataset, i, where) for i in range(items)],
+                              sort_keys=True)
+    except EnvContractError as exc:
+        raise ProbeFailure(_reason(exc)) from None
+    except Exception as exc:
+        raise ProbeFailure(f"raises: {_error(exc)}") from None
 
 
 def _reason(exc: EnvContractError) -> str:
@@ -223,14 +255,17 @@ def golden_cases(env: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
 
     generator, params = spec["generator"], spec["configs"]["default"]
     where = Where(env, "default", "golden")
-    entries = draw_entries(generator, json.dumps(params, sort_keys=True), GOLDEN_SEED, GOLDEN_ITEMS, frozenset(), where)
+    clock = Clock(**spec["clock"]) if spec.get("clock") else None
+    entries = draw_entries(generator, json.dumps(params, sort_keys=True), GOLDEN_SEED, GOLDEN_ITEMS, frozenset(), where,
+                           clock)
     rows = [task_from_entry(env, generator, params, entry) for entry in entries]
     tasks = [{"prompt": row["prompt"], "info": row["info"]} for row in rows]
     cases = [_case(f"the generator's answer to item {i}", task, f"<answer>{task['info']['answer']}</answer>", 1.0)
              for i, task in enumerate(tasks)]
     first = entries[0]
-    scored = [(score_entry(generator, params, wrong, first), wrong) for wrong in WRONG_ANSWERS
-              if wrong != first["answer"]]
+    with at_clock(clock):
+        scored = [(score_entry(generator, params, wrong, first), wrong) for wrong in WRONG_ANSWERS
+                  if wrong != first["answer"]]
     reward, wrong = next(((r, w) for r, w in scored if r == 0.0), min(scored))
     cases.append(_case("a wrong answer", tasks[0], f"<answer>{wrong}</answer>", reward))
     cases.append(_case("the right answer without the tag", tasks[0], f"The answer is {first['answer']}", 0.0))

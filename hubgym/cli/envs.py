@@ -245,8 +245,8 @@ def report(results: list, show_table: bool = True) -> None:
     """The checks table, every failure message in full, a one-line verdict; exit code 1 on any failure."""
     if show_table:
         console().print(views.checks_table(results))
-    bad = [r for r in results if not r.ok]
-    if bad:
+    if any(not r.ok for r in results):
         console().print(views.failures(results), soft_wrap=True)
-        fail(f"{len(bad)} of {len(results)} checks failed")
-    console().print(Text(f"all {len(results)} checks passed", style="bold green"))
+    if any(r.failed for r in results):
+        fail(views.checks_verdict(results))
+    console().print(Text(views.checks_verdict(results), style="bold green"))

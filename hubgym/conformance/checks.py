@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import datasets
 
-from hubgym.conformance.common import SEEDED_FIX, TOL, fail, guarded, short
+from hubgym.builders.clock import CHECK_CLOCKS
+from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, TOL, CheckSkipped, fail, guarded,
+                                      short)
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
 from hubgym.errors import ToolNotFoundError, Where
 from hubgym.schemas import KINDS, TASK_FEATURES, Task, task_id, validate_tasks
@@ -145,7 +147,7 @@ def check_ids_unique(ctx: Context) -> None:
 
 
 def check_ids_stable(ctx: Context) -> None:
-    """A second build of the same config and seed gives the same ids."""
+    """A second build of the same config and seed, under another clock and time zone, gives the same ids."""
     for config in ctx.configs:
         first, second = ctx.build(config), ctx.build(config, 2)
         for split, table in first.items():
@@ -156,11 +158,42 @@ def check_ids_stable(ctx: Context) -> None:
             missing = set(a) - set(b)
             if missing:
                 i = next(i for i, x in enumerate(a) if x in missing)
+                path, old, new = _first_path(ctx.rows(config, split)[i], ctx.rows(config, split, 2)[i])
+                changed = f" (its {path} changed: {short(old)} then {short(new)})" if path != "id" else ""
+                cause, fix = _why_builds_differ(ctx, config, (
+                    "most likely the id or the content it hashes depends on a clock, a uuid or an unseeded random "
+                    "generator", "draw everything from random.Random(seed) (the seed generate_tasks receives) and "
+                    "build rows with hubgym.make_task"))
                 fail(f"ids differ between two builds of the same config and seed: row {i} was {a[i]!r}, then "
-                     f"{b[i]!r}; most likely the id or the content it hashes depends on a clock, a uuid or an "
-                     f"unseeded random generator", ctx.where(config, split, a[i], "id"),
-                     "draw everything from random.Random(seed) (the seed generate_tasks receives) and build rows "
-                     "with hubgym.make_task")
+                     f"{b[i]!r}{changed}; {cause}", ctx.where(config, split, a[i], path), fix)
+
+
+def _why_builds_differ(ctx: Context, config: str, otherwise: tuple[str, str]) -> tuple[str, str]:
+    """(cause, fix) of two builds that differ: the clock when a third build under the first clock gives the first
+    build again, else `otherwise`."""
+    if not ctx.build_follows_clock(config):
+        return otherwise
+    return (f"the builds ran under two clocks and time zones ({CHECK_CLOCKS[0]}, then {CHECK_CLOCKS[1]}), and a third "
+            f"under the first clock gave the first build's rows again: generate_tasks reads the date, the clock or "
+            f"the time zone", CLOCK_FIX)
+
+
+def _first_path(old: Any, new: Any, path: str = "") -> tuple[str, Any, Any]:
+    """(path, old value, new value) of the first place two row values differ, e.g. ("info.date", ...); a row's id
+    is named last, since the content it hashes is the cause."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new), key=lambda k: (path == "" and k == "id", str(k)))
+        for key in keys:
+            if old.get(key, _ABSENT) != new.get(key, _ABSENT):
+                return _first_path(old.get(key), new.get(key), f"{path}.{key}" if path else str(key))
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        for i, (a, b) in enumerate(zip(old, new)):
+            if a != b:
+                return _first_path(a, b, f"{path}[{i}]")
+    return path, old, new
+
+
+_ABSENT = object()
 
 
 def check_ids_from_content(ctx: Context) -> None:
@@ -176,7 +209,8 @@ def check_ids_from_content(ctx: Context) -> None:
 
 
 def check_deterministic_rows(ctx: Context) -> None:
-    """A second build of the same config and seed gives identical rows, in the same order."""
+    """A second build of the same config and seed, under another clock and time zone, gives identical rows, in the
+    same order."""
     for config in ctx.configs:
         first, second = ctx.build(config), ctx.build(config, 2)
         for split, table in first.items():
@@ -187,15 +221,40 @@ def check_deterministic_rows(ctx: Context) -> None:
                 continue
             rows_a, rows_b = ctx.rows(config, split), ctx.rows(config, split, 2)
             for i, (a, b) in enumerate(zip(rows_a, rows_b)):
-                field = next((k for k in a if a[k] != b.get(k)), None)
-                if field is not None:
-                    fail(f"row {i} differs between two builds of the same config and seed ({field}: {short(a[field])}"
-                         f" then {short(b[field])}); most likely generate_tasks uses an unseeded random generator, "
-                         f"the clock, or the order of a set", ctx.where(config, split, a["id"], field),
-                         "draw everything from random.Random(seed) and iterate over sorted collections")
+                if a != b:
+                    path, old, new = _first_path(a, b)
+                    cause, fix = _why_builds_differ(ctx, config, (
+                        "most likely generate_tasks uses an unseeded random generator, the clock, or the order of a "
+                        "set", "draw everything from random.Random(seed) and iterate over sorted collections"))
+                    fail(f"row {i} differs between two builds of the same config and seed ({path}: {short(old)} then "
+                         f"{short(new)}); {cause}", ctx.where(config, split, a["id"], path), fix)
             if len(rows_a) != len(rows_b):
                 fail(f"split {split!r} has {len(rows_a)} rows, then {len(rows_b)}", ctx.where(config, split),
                      "make the number of rows depend on sizes only")
+
+
+def check_rows_independent_of_hash_seed(ctx: Context) -> None:
+    """A build in a second process, whose PYTHONHASHSEED differs from this one's, gives identical rows: row order
+    or content that follows a set's or a dict of sets' iteration order would differ there."""
+    for config in ctx.configs:
+        first, second = ctx.build(config), ctx.build(config, 2)
+        if any(split not in second or not table.data.table.equals(second[split].data.table)
+               for split, table in first.items()):
+            raise CheckSkipped.because("two builds in this process that agree", "check_deterministic_rows",
+                                       ctx.where(config), ctx.check)
+        other = ctx.hash_seed_build(config)
+        for split, table in ctx.build(config).items():
+            if split in other and table.data.table.equals(other[split].data.table):
+                continue
+            rows_a, rows_b = ctx.rows(config, split), other[split].to_list() if split in other else []
+            i = next((i for i, (a, b) in enumerate(zip(rows_a, rows_b)) if a != b), min(len(rows_a), len(rows_b)))
+            path, old, new = _first_path(rows_a[i], rows_b[i]) if i < min(len(rows_a), len(rows_b)) else (
+                "id", f"{len(rows_a)} rows", f"{len(rows_b)} rows")
+            fail(f"row {i} differs between builds in two processes with different hash seeds ({ctx.hash_seeds}) "
+                 f"({path}: {short(old)} then {short(new)}); most likely generate_tasks iterates over a set (or "
+                 f"a dict built from one), or seeds a generator with hash() of a string",
+                 ctx.where(config, split, rows_a[i]["id"] if i < len(rows_a) else None, path),
+                 "iterate over sorted(...) collections, and derive seeds with hashlib or zlib.crc32, never hash()")
 
 
 # -- the verifier ------------------------------------------------------------------------------
@@ -367,13 +426,22 @@ def check_reward_range(ctx: Context) -> None:
 
 
 def check_scoring_deterministic(ctx: Context) -> None:
-    """Scoring the same trajectory twice gives the same Score."""
+    """Scoring the same trajectory twice, under two clocks and time zones, gives the same Score."""
     for (sample, a, _), (_, b, _) in zip(ctx.scored(1), ctx.scored(2)):
-        same_error = a.error is not None and b.error is not None and a.error["type"] == b.error["type"]
-        if not same_error and (a.reward, a.components, a.error) != (b.reward, b.components, b.error):
+        if not _same_score(a, b):
+            where = ctx.where(sample.config, sample.split, sample.task["id"], "verifier")
+            if _same_score(a, ctx.score_under_first_clock(sample)):
+                fail(f"scoring {sample.label} under two clocks and time zones ({CHECK_CLOCKS[0]}, then "
+                     f"{CHECK_CLOCKS[1]}) gave {_summary(a)}, then {_summary(b)}, and under the first clock again "
+                     f"{_summary(a)}: the verifier reads the date, the clock or the time zone", where, SCORE_CLOCK_FIX)
             fail(f"scoring {sample.label} twice gave {_summary(a)}, then {_summary(b)}; most likely the verifier "
-                 f"uses an unseeded random generator, the clock, or state kept between calls",
-                 ctx.where(sample.config, sample.split, sample.task["id"], "verifier"), SEEDED_FIX)
+                 f"uses an unseeded random generator, the clock, or state kept between calls", where, SEEDED_FIX)
+
+
+def _same_score(a: Score, b: Score) -> bool:
+    if a.error is not None and b.error is not None:
+        return a.error["type"] == b.error["type"]
+    return (a.reward, a.components, a.error) == (b.reward, b.components, b.error)
 
 
 def check_scoring_leaves_its_inputs(ctx: Context) -> None:
@@ -433,6 +501,7 @@ CHECKS: list[Callable[[Context], None]] = [
     check_ids_stable,
     check_ids_from_content,
     check_deterministic_rows,
+    check_rows_independent_of_hash_seed,
     check_verifier_loads,
     check_interaction,
     check_tool_schemas,

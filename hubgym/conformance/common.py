@@ -9,6 +9,11 @@ from hubgym.errors import EnvContractError, Where
 TOL = 1e-6  # golden rewards and replayed step rewards must agree this closely
 SEEDED_FIX = ("make it a function of its inputs only: derive randomness from the task (e.g. "
               "random.Random(task['info']['seed'])) and keep no module-level mutable state")
+CLOCK_FIX = ("take dates from the config or from random.Random(seed), never from date.today(), datetime.now() or "
+             "time.time(); run a wrapped generator that reads the clock under "
+             "hubgym.builders.clock.at_clock(PINNED_CLOCK)")
+SCORE_CLOCK_FIX = ("score from the task and the completion only; put any date a reward needs into the row's info when "
+                   "the builder makes it")
 
 
 def fail(what: str, where: Where, fix: str) -> NoReturn:
@@ -29,3 +34,18 @@ def guarded(fn: Callable[[], Any], where: Where, doing: str) -> Any:
     except Exception as exc:
         fail(f"{doing} raised {type(exc).__name__}: {exc}", where,
              "answer any action (invalid, empty, after the end) with an observation and a reward; do not raise")
+
+
+class CheckSkipped(EnvContractError):
+    """A check could not run: something it needs failed in an earlier check (which holds the cause), or
+    cannot be had here (a builder class that a second process cannot import)."""
+
+    needs: str | None = None
+    owner: str | None = None
+
+    @classmethod
+    def because(cls, needs: str, owner: str, where: Where, check: str) -> CheckSkipped:
+        skipped = cls(f"skipped: needs {needs}, which failed in {owner}", where, f"fix the {owner} failure first",
+                      check=check)
+        skipped.needs, skipped.owner = needs, owner
+        return skipped

@@ -86,6 +86,8 @@ class HubgymCheckItem(pytest.Item):
 
     def runtest(self) -> None:
         result = self.run.result(self.check)
+        if result.skipped:
+            pytest.skip(result.message)
         if not result.ok:
             raise HubgymCheckFailed(result.message)
 
@@ -145,7 +147,7 @@ def hubgym_check() -> Callable[..., list[CheckResult]]:
             max_rows: int = 200) -> list[CheckResult]:
         ref = os.fspath(env) if isinstance(env, os.PathLike) else env
         results = check_env(ref, configs=configs, max_rows=max_rows)
-        failed = [r for r in results if not r.ok]
+        failed = [r for r in results if r.failed]
         if failed:
             lines = "\n".join(f"- {r.message}" for r in failed)
             pytest.fail(f"{len(failed)} of {len(results)} hubgym checks failed for {results[0].env!r}:\n{lines}",

@@ -5,9 +5,15 @@ of each config (a first and a second build, for determinism; so an env is built 
 per config), the loaded verifier, the golden cases, and the scored samples. Each is made on
 first use, at most once.
 
+Clocks: the first build and scoring pass run under one fake clock and time zone, the second under
+another (hubgym.builders.clock.CHECK_CLOCKS), so rows or rewards that read the date, the clock or
+the zone differ between them; when they do, a third build or pass under the first clock tells the
+clock apart from an unseeded random generator. One more build runs in a second process with another
+PYTHONHASHSEED (hubgym.conformance.rebuild): rows that follow the order of a set differ there.
+
 Prerequisites: when making one of those fails (the builder does not import, a config does not
 build, the verifier does not load, the golden file is malformed), the check that first needed
-it fails with the cause; every later check that needs it is reported as failed too, with the
+it fails with the cause; every later check that needs it is reported as skipped, with the
 message "<check>: skipped: needs <what>, which failed in <the check holding the cause> [...]".
 So the first failure of a run is always the root cause, and `assert_env_ok` raises that one.
 
@@ -29,9 +35,12 @@ import pyarrow as pa
 
 from hubgym.builders.base import TaskBuilder
 from hubgym.builders.build import build_tasks, make_builder
+from hubgym.builders.clock import CHECK_CLOCKS, Clock, at_clock
 from hubgym.builders.registry import resolve_env
 from hubgym.conformance.checks import CHECKS
+from hubgym.conformance.common import CheckSkipped
 from hubgym.conformance.purity import Violation, purity_guard
+from hubgym.conformance.rebuild import build_elsewhere, hash_seeds, importable_ref
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierLoadError, Where
 from hubgym.schemas import Message, RowError, Task, assistant, tool_call, tool_result
 from hubgym.schemas.messages import TOOL_ERROR_PREFIX
@@ -43,25 +52,30 @@ GENERIC_REPLY = "I am not sure. My best guess is 42."
 SYNTHETIC_REPLIES: dict[str, str] = {"the empty reply": "", "a generic reply": GENERIC_REPLY}
 """Completions every sampled row is scored with: a verifier must return a reward (usually low) for both."""
 
+ATTEMPT_CLOCKS: dict[int, Clock] = {1: CHECK_CLOCKS[0], 2: CHECK_CLOCKS[1], 3: CHECK_CLOCKS[0]}
+"""The clock of each build and scoring pass: the second differs from the first in every field of the date, the
+time and the zone; the third, made only to tell why the first two differ, repeats the first."""
+_ORDINAL = {1: "first", 2: "second", 3: "third"}
+
 
 @dataclass(frozen=True)
 class CheckResult:
+    """The outcome of one check: passed (ok), failed, or skipped (it could not run; `message` says why)."""
+
     env: str  # env name
     check: str  # e.g. "check_ids_stable"
     ok: bool
     message: str  # "" when ok; else the full error message (what [where]. Fix: how)
     seconds: float
+    skipped: bool = False  # not run: something it needs failed in an earlier check, or cannot be had here
 
+    @property
+    def failed(self) -> bool:
+        return not self.ok and not self.skipped
 
-class CheckSkipped(EnvContractError):
-    """A check could not run: something it needs failed in an earlier check (which holds the cause)."""
-
-    @classmethod
-    def because(cls, needs: str, owner: str, where: Where, check: str) -> CheckSkipped:
-        skipped = cls(f"skipped: needs {needs}, which failed in {owner}", where, f"fix the {owner} failure first",
-                      check=check)
-        skipped.needs, skipped.owner = needs, owner
-        return skipped
+    @property
+    def status(self) -> str:
+        return "ok" if self.ok else "skipped" if self.skipped else "failed"
 
 
 @dataclass(frozen=True)
@@ -126,13 +140,16 @@ class Context:
         return [c for c in self.requested_configs if c in known] if self.requested_configs else known
 
     def build(self, config: str, attempt: int = 1) -> dict[str, Any]:
-        """{split: datasets.Dataset} of one config; attempt 2 is the independent second build."""
-        describe = f"the {'first' if attempt == 1 else 'second'} build of config {config!r}"
+        """{split: datasets.Dataset} of one config, built under ATTEMPT_CLOCKS[attempt]; attempt 2 is the
+        independent second build, attempt 3 repeats the first's clock."""
+        describe = f"the {_ORDINAL[attempt]} build of config {config!r}"
 
         def make() -> dict[str, Any]:
             if attempt > 1:
-                self.build(config)  # no second build when the first failed (that failure is the cause)
-            return build_config(self.builder, config, self.workdir / f"{config}-{attempt}", self.where(config), attempt)
+                self.build(config)  # no later build when the first failed (that failure is the cause)
+            with at_clock(ATTEMPT_CLOCKS[attempt]):
+                return build_config(self.builder, config, self.workdir / f"{config}-{attempt}", self.where(config),
+                                    attempt)
 
         return self.resource(f"build:{attempt}:{config}", describe, make)
 
@@ -163,9 +180,46 @@ class Context:
         return self.resource("samples", "collecting rows to score", self._collect_samples)
 
     def scored(self, attempt: int) -> list[tuple[Sample, Score, list[Violation]]]:
-        """Every sample scored under the purity guard; attempt 2 is the independent second scoring."""
-        return self.resource(f"scored:{attempt}", f"scoring pass {attempt}",
-                             lambda: [(s, *self.score_guarded(s)) for s in self.samples])
+        """Every sample scored under the purity guard and ATTEMPT_CLOCKS[attempt]; attempt 2 is the independent
+        second scoring."""
+        def make() -> list[tuple[Sample, Score, list[Violation]]]:
+            with at_clock(ATTEMPT_CLOCKS[attempt]):
+                return [(s, *self.score_guarded(s)) for s in self.samples]
+
+        return self.resource(f"scored:{attempt}", f"scoring pass {attempt}", make)
+
+    def hash_seed_build(self, config: str) -> dict[str, Any]:
+        """{split: datasets.Dataset} of `config` built in a second process with another PYTHONHASHSEED (one
+        process builds every checked config); CheckSkipped when that process cannot import the builder."""
+        ref = importable_ref(self.ref, self.builder)
+        if ref is None:
+            raise CheckSkipped(f"skipped: builder {self.builder.__qualname__} cannot be imported by name in a second "
+                               f"process, so the hash seed cannot be varied", self.where(),
+                               "define the builder at module level (or check it by name or by folder)",
+                               check=self.check)
+
+        def make() -> dict[str, dict[str, Any]]:
+            for name in self.configs:
+                self.build(name)  # no second process when a build fails here (that failure is the cause)
+            try:
+                return build_elsewhere(ref, self.configs, self.workdir / "hash-seed", hash_seeds()[1])
+            except RuntimeError as exc:
+                raise EnvContractError(f"the configs build here, but not in a second process ({self.hash_seeds}): "
+                                       f"{exc}", self.where(), "make generate_tasks independent of the hash seed: "
+                                       "iterate over sorted collections, never hash() of a string") from exc
+
+        return self.resource("hash-seed", "the build in a second process", make)[config]
+
+    @property
+    def hash_seeds(self) -> str:
+        ours, theirs = hash_seeds()
+        return f"PYTHONHASHSEED {ours} here, {theirs} there"
+
+    def build_follows_clock(self, config: str) -> bool:
+        """Whether the first two builds of `config` differ because of the clock alone: a third build under the
+        first clock gives the first build's rows again."""
+        return all(table.data.table.equals(self.build(config, 3)[split].data.table)
+                   for split, table in self.build(config).items() if split in self.build(config, 3))
 
     # -- scoring -----------------------------------------------------------------------------
 
@@ -179,6 +233,11 @@ class Context:
             samples += [Sample(None, None, c.task, f"golden case {c.name!r}", c.completion, c.actions)
                         for c in self.golden]
         return samples
+
+    def score_under_first_clock(self, sample: Sample) -> Score:
+        """Score one sample again under the first pass's clock (to tell the clock from randomness)."""
+        with at_clock(ATTEMPT_CLOCKS[3]):
+            return self.score_guarded(sample)[0]
 
     def score_guarded(self, sample: Sample) -> tuple[Score, list[Violation]]:
         """Score one sample with network, file writes and processes refused; returns what was refused."""
@@ -253,7 +312,8 @@ def build_config(cls: type[TaskBuilder], config: str, cache_dir: Path, where: Wh
             raise contract from None
         root = _root_cause(exc)
         what = (f"config {config!r} failed to build: " if attempt == 1 else
-                f"config {config!r} built once, but its second build failed: ") + f"{type(root).__name__}: {root}"
+                f"config {config!r} built once, but its {_ORDINAL[attempt]} build failed: "
+                ) + f"{type(root).__name__}: {root}"
         split, row, field, in_generator = _locate_bad_row(cls, config, cache_dir.with_name(cache_dir.name + "-x"))
         if field is not None:
             raise EnvContractError(
@@ -262,7 +322,7 @@ def build_config(cls: type[TaskBuilder], config: str, cache_dir: Path, where: Wh
                 "build rows with hubgym.make_task(...) and messages with hubgym.user()/assistant()/system(); put "
                 "extra data inside info") from exc
         fix = ("make generate_tasks independent of state left by an earlier build (module-level counters, caches)"
-               if attempt == 2 else "fix generate_tasks (see the error); it must yield rows for every split in sizes")
+               if attempt > 1 else "fix generate_tasks (see the error); it must yield rows for every split in sizes")
         raise EnvContractError(what, replace(where, split=split if in_generator else None), fix) from exc
 
 
@@ -320,7 +380,7 @@ def iter_outcomes(env: str | type[TaskBuilder], *, configs: list[str] | None = N
             with _quiet_datasets():  # per check: the caller runs other code between results
                 error = _run_one(check, ctx)
             yield CheckResult(ctx.env, check.__name__, error is None, str(error) if error else "",
-                              time.perf_counter() - start), error
+                              time.perf_counter() - start, isinstance(error, CheckSkipped)), error
 
 
 def _run_one(check: Callable[[Context], None], ctx: Context) -> EnvContractError | None:
@@ -365,7 +425,7 @@ def assert_env_ok(env: str | type[TaskBuilder], **kwargs: Any) -> None:
     """Raise the first failing check's EnvContractError (its message names the check); stop there."""
     with contextlib.closing(iter_outcomes(env, **kwargs)) as outcomes:  # closing removes the build folders now
         for _, error in outcomes:
-            if error is not None:
+            if error is not None and not isinstance(error, CheckSkipped):
                 raise error
 
 

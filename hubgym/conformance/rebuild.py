@@ -1,0 +1,94 @@
+"""Build an env's configs in a second Python process with another hash seed: rows that follow the iteration
+order of a set (or anything else that `hash()` of a string decides) differ between the two processes.
+
+    built = build_elsewhere("arithmetic", ["easy"], out_dir)   # {config: {split: Dataset}}
+    python -m hubgym.conformance.rebuild REQUEST.json          # the second process (what build_elsewhere runs)
+
+Python draws a new hash seed per process unless PYTHONHASHSEED is set, so two builds in one process always
+agree with each other; only a second process can tell. The builder must be importable there: a name, a
+folder, or a class reachable as `module:qualname` (`importable_ref`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from hubgym.builders.clock import CHECK_CLOCKS, at_clock
+
+ENTRY = "hubgym.conformance.rebuild"
+
+
+def hash_seeds() -> tuple[str, str]:
+    """(this process's PYTHONHASHSEED, or 'random'; the second process's): always two different seeds."""
+    ours = os.environ.get("PYTHONHASHSEED", "random")
+    return ours, "2" if ours == "1" else "1"
+
+
+def importable_ref(ref: object, cls: type) -> str | None:
+    """How a second process finds the builder: the ref the user gave when it is a name or a path, the env's name
+    when the registry resolves it to this very class, a user file's path, or `module:qualname`; None when the
+    class cannot be found by name (made inside a function, or by a test on the fly)."""
+    from hubgym.builders.registry import resolve_env
+
+    if isinstance(ref, str):
+        return ref
+    try:
+        if resolve_env(cls.ENV) is cls:
+            return cls.ENV
+    except Exception:  # not a registered name: try the module
+        pass
+    module = sys.modules.get(cls.__module__)
+    if module is None or getattr(module, cls.__qualname__, None) is not cls or cls.__module__ == "__main__":
+        return None
+    if cls.__module__.startswith("hubgym_user_") and getattr(module, "__file__", None):
+        return module.__file__  # a builder file loaded by path (hubgym.builders.registry.load_builder_file)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str) -> dict[str, dict[str, Any]]:
+    """Build `configs` of `ref` in a second process with PYTHONHASHSEED=`hash_seed`, under the first check clock;
+    {config: {split: Dataset}}. A failure there is a RuntimeError holding the last line it printed."""
+    import datasets
+
+    out.mkdir(parents=True, exist_ok=True)
+    request = out / "request.json"
+    request.write_text(json.dumps({"ref": ref, "configs": configs, "out": str(out), "sys_path": sys.path}))
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    done = subprocess.run([sys.executable, "-m", ENTRY, str(request)], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise RuntimeError(lines[-1] if lines else f"exit code {done.returncode}")
+    return {config: dict(datasets.load_from_disk(str(out / config))) for config in configs}
+
+
+def _load(ref: str) -> type:
+    """The builder class of a ref that `importable_ref` gave."""
+    import importlib
+
+    from hubgym.builders.registry import resolve_env
+
+    module, sep, qualname = ref.partition(":")
+    if sep and "/" not in ref and not Path(ref).exists():
+        return getattr(importlib.import_module(module), qualname)
+    return resolve_env(ref)
+
+
+def main(request_file: str) -> None:
+    """The second process: build each config and save it where the first process reads it."""
+    from hubgym.builders.build import build_tasks
+
+    request = json.loads(Path(request_file).read_text())
+    sys.path[:] = request["sys_path"]  # the first process's, so a test module's class imports here too
+    cls, out = _load(request["ref"]), Path(request["out"])
+    with at_clock(CHECK_CLOCKS[0]):
+        for config in request["configs"]:
+            build_tasks(cls, config, cache_dir=out / f".cache-{config}").save_to_disk(str(out / config))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
