@@ -45,7 +45,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-from hubgym.resolve import EnvTasks, load_env_tasks  # noqa: E402
+from hubgym.envs import OpenedEnv, open_env  # noqa: E402
 from hubgym.rollout.engines import SamplingArgs  # noqa: E402
 from hubgym.stats import DifficultyBand, TaskStats  # noqa: E402
 
@@ -85,12 +85,12 @@ class Sampler:
         self.renderer = make_renderer(self.engine, self.model)
         self.n, self.max_tokens, self.max_model_len = n, max_tokens, max_model_len
 
-    def groups(self, picks: list[tuple[EnvTasks, dict]], phase: int, first: int = 0) -> list[list[dict]]:
+    def groups(self, picks: list[tuple[OpenedEnv, dict]], phase: int, first: int = 0) -> list[list[dict]]:
         """The rows of each pick's group, in pick order (policy_version = phase; each group is its own run)."""
         from hubgym.rollout.loop import LoopContext, run_group
         from hubgym.rollout.run import RolloutConfig, to_row
 
-        async def one(index: int, env: EnvTasks, task: dict) -> list[dict]:
+        async def one(index: int, env: OpenedEnv, task: dict) -> list[dict]:
             sampling = SamplingArgs(temperature=1.0, max_tokens=self.max_tokens, seed=phase * 1_000_003 + index)
             config = RolloutConfig(envs=[env.env], model=self.model, out="-", n=self.n, sampling=sampling,
                                    max_model_len=self.max_model_len, policy_version=phase)
@@ -140,7 +140,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    catalog = [load_env_tasks(spec, "test", args.per_config) for spec in CATALOG]
+    catalog = [open_env(spec) for spec in CATALOG]
+    for env in catalog:
+        env.take("test", args.per_config)
     pool = [(env, task) for env in catalog for task in env.tasks]
     started = time.perf_counter()
     sampler = Sampler(args.model, args.n, args.max_tokens, args.max_model_len)

@@ -29,7 +29,7 @@ import datasets
 from rich.console import Console
 from rich.table import Table
 
-from hubgym.builders import build_tasks, make_builder, resolve_env
+from hubgym.envs import build_tasks, make_builder, resolve_env
 from hubgym.builders.registry import BUILTIN_ENVS
 from hubgym.schemas import Message, Task, assistant, user
 from hubgym.verifiers.contract import Verifier

@@ -1,5 +1,5 @@
 """Benchmark the task mixture: peak memory and time to the first batch as env configs and rows grow, the lazy
-mixture beside the eager path (every env's split built and loaded whole, as `load_env_tasks` does), plus the
+mixture beside the eager path (every env's split built and loaded whole, as `hubgym.load_env` does), plus the
 throughput of drawing a million tasks.
 
     python bench/bench_mix.py                              # the full grid: 10/100/1,000 env configs x 10k/100k/1M rows
@@ -9,7 +9,7 @@ The env configs are real: N configs of the built-in `arithmetic:hard` env (three
 each with its own seed (seed = 0..N-1) and a train split of rows/N tasks, written as a mixture spec of N
 entries `{name: arithmetic:hard, seed: i, size: rows/N}`. Every point runs in a fresh Python process:
 - lazy: `Mixture.from_spec` (listing included) and its first `take(64)`, then `--batches` more batches;
-- eager: each config's split built with datasets (a temporary cache per config, as `load_env_tasks` builds
+- eager: each config's split built with datasets (a temporary cache per config, as `hubgym.load_env` builds
   it) and loaded as a list of rows, then a first batch of 64 drawn from those lists by weight.
 Time to first batch is wall time from the start of that work (imports excluded, as both pay them); peak RSS is
 `resource.getrusage(RUSAGE_SELF).ru_maxrss` of the process at its end; `base` is the RSS after imports.
@@ -62,7 +62,7 @@ def eager_point(envs: int, rows: int) -> dict:
     size = max(rows // envs, 1)
     loaded = []
     with tempfile.TemporaryDirectory() as cache:
-        for seed in range(envs):  # what load_env_tasks does for each spec: build the split, then list its rows
+        for seed in range(envs):  # what hubgym.load_env does for each spec: build the split, then list its rows
             builder = Arithmetic(config_name="hard", cache_dir=f"{cache}/{seed}", dataset_name="arithmetic",
                                  seed=seed, sizes={"train": size})
             builder.download_and_prepare(download_mode="force_redownload", verification_mode="no_checks")

@@ -175,13 +175,13 @@ def raw_inputs(config, engine) -> tuple[list[dict], list[Any]]:
     from vllm import SamplingParams
 
     from hubgym.rollout.loop import request_seed
-    from hubgym.resolve import load_env_tasks
+    from hubgym.envs import open_env
     from hubgym.rollout.tokens import ChatRenderer
 
     renderer, sampling = ChatRenderer(engine.tokenizer), config.sampling
     prompts, params = [], []
     for spec in config.envs:
-        for task in load_env_tasks(spec, config.split, config.limit).tasks:
+        for task in open_env(spec).take(config.split, config.limit):
             interaction = task["interaction"]
             if interaction["kind"] != "single_turn" or interaction["tools"]:
                 raise ValueError(f"task {task['id']} of {spec} is not a plain single_turn task")

@@ -57,7 +57,7 @@ COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "rew
 
 def golden_rows(env: str, count: int) -> list[dict]:
     """`count` rollout rows of `env`: its golden cases, scored by its verifier, replicated."""
-    from hubgym.builders.registry import resolve_env
+    from hubgym.envs import resolve_env
 
     builder = resolve_env(env)
     verifier = builder.verifier()
@@ -127,7 +127,7 @@ def rates(run: Path, env: str, out: Path, repeats: int) -> dict[str, float]:
     change in the machine's load (other jobs share it) moves them together and their ratios stay fair. Each
     `rescore` way is warmed up once first (the verifier imported, polars warm, the pool of every core started
     and kept, as it is for a process that re-scores again)."""
-    from hubgym.builders.registry import resolve_env
+    from hubgym.envs import resolve_env
     from hubgym.score.rescore import rescore
 
     verifier = resolve_env(env).verifier()
@@ -253,7 +253,7 @@ def verifiers_worker(run: str, env: str, repeats: int) -> None:
     import pyarrow as pa
     from verifiers.legacy.types import State
 
-    from hubgym.builders.registry import resolve_env
+    from hubgym.envs import resolve_env
 
     verifier = resolve_env(env).verifier()
     errors = _Errors()

@@ -103,10 +103,10 @@ def run_trl(args, model: Path, out: Path) -> list[dict]:
     import transformers
     from trl import GRPOConfig, GRPOTrainer
 
-    from hubgym.resolve import load_env_tasks
+    from hubgym.envs import open_env
     from hubgym.verifiers.arithmetic import correct
 
-    tasks = load_env_tasks(ENV, "train", None).tasks
+    tasks = open_env(ENV).take("train", None)
     train = datasets.Dataset.from_list([{"prompt": t["prompt"], "answer": str(t["info"]["answer"])} for t in tasks])
 
     def reward(prompts, completions, answer, **_) -> list[float]:

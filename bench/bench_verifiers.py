@@ -58,11 +58,12 @@ ENVS = {  # env spec -> the regex every reply must match (vLLM structured output
 def export_tasks(spec: str, limit: int, split: str = "test") -> list[dict[str, Any]]:
     """hubgym's task rows, plus what verifiers needs: the opening messages (with the multi_turn
     observation) in OpenAI form and the tool schemas."""
-    from hubgym.resolve import load_env_tasks
+    from hubgym.envs import open_env
     from hubgym.schemas.messages import to_openai, user
     from hubgym.tools.registry import make_toolbox
 
-    env = load_env_tasks(spec, split, limit)
+    env = open_env(spec)
+    env.take(split, limit)
     rows = []
     for task in env.tasks:
         spec_ = task["interaction"]

@@ -24,8 +24,10 @@ _EXPORTS: dict[str, str] = {
     "tool_call": "hubgym.schemas", "tool_result": "hubgym.schemas",
     "validate_tasks": "hubgym.schemas", "validate_rollouts": "hubgym.schemas",
     # builders
-    "TaskBuilder": "hubgym.builders", "TaskConfig": "hubgym.builders", "resolve_env": "hubgym.builders",
-    "env_names": "hubgym.builders", "build_tasks": "hubgym.builders", "build_files": "hubgym.builders",
+    "TaskBuilder": "hubgym.builders", "TaskConfig": "hubgym.builders", "env_names": "hubgym.builders",
+    # envs: opening any env, building and pushing it
+    "open_env": "hubgym.envs", "OpenedEnv": "hubgym.envs", "resolve_env": "hubgym.envs", "load_env": "hubgym.envs",
+    "build_tasks": "hubgym.envs", "build_files": "hubgym.envs", "push_env": "hubgym.envs",
     # verifiers
     "Verifier": "hubgym.verifiers", "Score": "hubgym.verifiers", "load_verifier": "hubgym.verifiers",
     # tools
@@ -34,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     # conformance
     "check_env": "hubgym.conformance",
     # hub
-    "load_env": "hubgym.hub", "push_env": "hubgym.hub", "push_rollouts": "hubgym.hub", "open_rollouts": "hubgym.hub",
+    "push_rollouts": "hubgym.hub", "open_rollouts": "hubgym.hub",
     "iter_rollouts": "hubgym.hub",
     # rollout
     "RolloutConfig": "hubgym.rollout", "run_rollouts": "hubgym.rollout",

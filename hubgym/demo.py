@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hubgym.builders.base import TaskBuilder
-from hubgym.builders.build import build_files
-from hubgym.builders.registry import resolve_env
-from hubgym.catalog import count_rows
+from hubgym.envs.build import build_files
+from hubgym.envs import resolve_env
+from hubgym.envs.catalog import count_rows
 from hubgym.views import EnvSummary, failed
 
 if TYPE_CHECKING:

@@ -1,11 +1,15 @@
-"""Atomic file writes (readers see the old file or the new one, never a half-written one) and file hashes."""
+"""Atomic file writes (readers see the old file or the new one, never a half-written one), file hashes, and
+modules run from the very bytes that were read (and hashed) once."""
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
+import sys
 import uuid
 from pathlib import Path
+from types import ModuleType
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -47,3 +51,22 @@ def sha256_file(path: str | Path) -> str:
         while block := handle.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
+
+
+def import_source(path: Path, source: bytes) -> ModuleType:
+    """Run `source` as the module of file `path`, under a name derived from the path and the bytes (stable,
+    collision-free: the same file with other contents is another module)."""
+    digest = hashlib.sha256(str(path).encode() + b"\0" + source).hexdigest()[:16]
+    name = f"hubgym_user_{path.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    code = compile(source, str(path), "exec")  # a SyntaxError here is the one importing the file would raise
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=str(path)))
+    module.__file__ = str(path)
+    sys.modules[name] = module
+    try:
+        exec(code, module.__dict__)
+    except BaseException:  # a half-run module must not be found by the next attempt
+        del sys.modules[name]
+        raise
+    return module

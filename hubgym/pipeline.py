@@ -171,7 +171,7 @@ def _check_envs(settings: DemoSettings, console: Console) -> int:
 def _push_env(hub: Path, env_config: str, console: Console) -> str:
     import datasets
 
-    from hubgym.hub import push_env
+    from hubgym.envs import push_env
     from hubgym.hub.base import get_hub
 
     result = push_env(TRAIN_ENV, f"demo/{TRAIN_ENV}", hub=hub, configs=[env_config])

@@ -13,7 +13,6 @@ renamed into it, so a failure leaves nothing half-made.
 from __future__ import annotations
 
 import keyword
-import re
 import shutil
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 from string import Template
 
 from hubgym.builders.registry import BUILTIN_ENVS
+from hubgym.envs.refs import check_env_name
 from hubgym.errors import EnvContractError, Where
 
 TEMPLATES = Path(__file__).parent / "templates" / "env"
@@ -43,15 +43,13 @@ KIND_TEXT: dict[str, dict[str, str]] = {  # what the shared README says about ea
                 "   `state` they return (no module-level state), and answer any reply, even an empty one.\n"
                 "   Golden cases give `actions` (or a completion) and the task's `interaction`."},
 }
-_NAME = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
-NAME_RULE = "lowercase letters, digits and '_', starting with a letter, at most 48 characters"
 
 
 def validate_env_name(name: str) -> None:
-    """Refuse names that cannot be a module, an env id or an entry-point name, or that shadow something."""
-    where, fix = Where(env=name, field="NAME"), f"use {NAME_RULE} (a Python identifier), e.g. 'count_vowels'"
-    if not _NAME.match(name):
-        raise EnvContractError(f"env name {name!r} is not a lowercase identifier", where, fix)
+    """Refuse names that break the env-name rule (hubgym.envs.refs), or that would shadow something once the
+    folder is a package: a keyword, a built-in env, a standard-library module."""
+    where = Where(env=str(name)[:100], field="NAME")
+    check_env_name(name, "NAME")
     if keyword.iskeyword(name):
         raise EnvContractError(f"env name {name!r} is a Python keyword", where,
                                "choose another name, e.g. 'count_vowels'")

@@ -31,7 +31,8 @@ import datasets
 
 from hubgym.errors import EnvContractError, Where
 from hubgym.fileio import replace_dir
-from hubgym.scaffold import NAME_RULE, class_name, validate_env_name
+from hubgym.envs.refs import ENV_NAME_RULE
+from hubgym.scaffold import class_name, validate_env_name
 from hubgym.wrap_checks import (check_source, columns_of, dedup, golden_cases_from_data, limit_rows,
                                 local_files_hold_no_rows)
 
@@ -104,7 +105,7 @@ class WrapSpec:
             validate_env_name(self.env)
         except EnvContractError as exc:
             raise EnvContractError(exc.what, self.where(field="--name"), f"pass --name with a free name of "
-                                   f"{NAME_RULE}, e.g. --name {env_name_for(self.env)}_wrapped") from None
+                                   f"{ENV_NAME_RULE}, e.g. --name {env_name_for(self.env)}_wrapped") from None
         if self.reward not in REWARD_KINDS:
             raise EnvContractError(f"unknown reward {self.reward!r}", self.where(field="--reward"),
                                    f"use one of: {', '.join(REWARD_KINDS)}")

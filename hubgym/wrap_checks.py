@@ -195,7 +195,7 @@ def _short(value: Any) -> str:
 def golden_cases_from_data(folder: Path, spec: "WrapSpec", source_rows: dict[str, list[int]]) -> list[dict]:
     """Build the staged env; every row's gold answer must earn the top of the range. Then golden cases from the
     first rows: the gold answer (top), a wrong answer and a reply without <answer> (bottom)."""
-    from hubgym.builders.build import make_builder
+    from hubgym.envs.build import make_builder
     from hubgym.builders.registry import load_builder_file
     from hubgym.schemas import assistant
 

@@ -9,7 +9,7 @@ import pytest
 
 from hubgym.bridges import reasoning_gym as rg
 from hubgym.bridges import reasoning_gym_probe as probe
-from hubgym.builders.build import build_tasks
+from hubgym.envs.build import build_tasks
 from hubgym.builders.families import load_index
 from hubgym.conformance import check_env
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where

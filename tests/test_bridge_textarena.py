@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from hubgym.bridges.textarena import FAMILY, GAMES, TextArenaConfig, index_entries, max_turns, variants
-from hubgym.builders.build import build_tasks, make_builder
+from hubgym.envs.build import build_tasks, make_builder
 from hubgym.conformance import check_env
 from hubgym.errors import EnvContractError, EnvNotFoundError
 from hubgym.verifiers.textarena import _drain, engine_class, private_random, reset, step

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from hubgym.builders import registry
 from hubgym.builders.families import FamilyEnv, write_index
-from hubgym.catalog import catalog
+from hubgym.envs import resolve_env
+from hubgym.envs.catalog import catalog
 from hubgym.cli import app
 from hubgym.conformance import CHECKS
 from hubgym.conformance.parallel import check_many
@@ -127,15 +128,15 @@ def test_env_names_hold_family_envs_without_building_any(fake_family):
 def test_a_family_env_resolves_by_prefix_without_importing_other_families(fake_family, tmp_path, monkeypatch):
     other = register_module(tmp_path, monkeypatch, "other", "ot_", FAMILY_MODULE.replace('"fake", "fk_"',
                                                                                           '"other", "ot_"'))
-    builder = registry.resolve_env("fk_task_0042")
-    assert builder.ENV == "fk_task_0042" and registry.resolve_env("fk_task_0042") is builder
+    builder = resolve_env("fk_task_0042")
+    assert builder.ENV == "fk_task_0042" and resolve_env("fk_task_0042") is builder
     assert sys.modules[fake_family].BUILDER_CALLS == ["fk_task_0042", "fk_task_0042"]
     assert other not in sys.modules
 
 
 def test_an_unknown_name_in_a_family_prefix_names_the_closest_envs(fake_family):
     with pytest.raises(EnvNotFoundError) as err:
-        registry.resolve_env("fk_tsak_0042")
+        resolve_env("fk_tsak_0042")
     message = str(err.value)
     assert message.startswith("no environment named 'fk_tsak_0042' in family 'fake'; did you mean fk_task_0042, ")
     assert message.endswith("list the family with `hubgym envs --source fake`")
@@ -146,9 +147,9 @@ def test_a_broken_family_is_one_row_and_nothing_else_notices(broken_family, fake
     assert len(rows) == 1 and rows[0].name == "broken"
     assert "hubgym_no_such_bridge:FAMILY failed to load: ModuleNotFoundError" in rows[0].error
     assert "arithmetic" in registry.env_names() and registry.env_names("broken") == []
-    assert registry.resolve_env("fk_task_0001").ENV == "fk_task_0001"
+    assert resolve_env("fk_task_0001").ENV == "fk_task_0001"
     with pytest.raises(EnvNotFoundError, match="belongs to family 'broken' .* which failed to load: ModuleNotFound"):
-        registry.resolve_env("br_anything")
+        resolve_env("br_anything")
     result = hubgym("envs", "--source", "broken")
     assert result.exit_code == 0 and "broken: family hubgym_no_such_bridge:FAMILY failed to load" in result.output
     checked = hubgym("check", "--source", "broken")  # a broken family cannot pass a check run silently
@@ -247,17 +248,17 @@ def test_a_hang_and_a_crash_are_failure_rows_and_the_rest_goes_on(tmp_path):
 
 
 def test_the_shipped_builtin_index_matches_the_builders():
-    from hubgym.catalog import _builder_entry, _builder_module_sha256, _builtin_index
+    from hubgym.envs.catalog import _builder_entry, _builder_module_sha256, _builtin_index
 
     index = _builtin_index()
     for name in registry.BUILTIN_ENVS:
         fresh = {"sha256": _builder_module_sha256(name), "entry": dataclasses.asdict(_builder_entry(name, "builtin"))}
-        assert index.get(name) == fresh, f"{name} changed: run `python -m hubgym.catalog` to regenerate the index"
+        assert index.get(name) == fresh, f"{name} changed: run `python -m hubgym.envs.catalog` to regenerate the index"
     assert set(index) == set(registry.BUILTIN_ENVS)
 
 
 def test_a_stale_builtin_index_row_is_read_from_the_class(monkeypatch):
-    from hubgym import catalog as module
+    from hubgym.envs import catalog as module
 
     stale = {name: dict(row) for name, row in module._builtin_index().items()}
     stale["arithmetic"] = {"sha256": "0" * 64, "entry": {**stale["arithmetic"]["entry"], "description": "old"}}

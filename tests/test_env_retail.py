@@ -8,7 +8,7 @@ import re
 import pytest
 
 import hubgym
-from hubgym.builders import make_builder
+from hubgym.envs import make_builder
 from hubgym.builders.retail import Retail
 from hubgym.errors import Where
 from hubgym.schemas import Task, ToolCall, assistant, tool_call, validate_tasks

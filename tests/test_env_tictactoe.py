@@ -6,7 +6,7 @@ import random
 import pytest
 
 import hubgym
-from hubgym.builders import make_builder
+from hubgym.envs import make_builder
 from hubgym.builders.tictactoe import TicTacToe, opening_pool
 from hubgym.errors import EnvContractError, Where
 from hubgym.schemas import interaction, make_task, user, validate_tasks

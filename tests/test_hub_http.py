@@ -10,7 +10,8 @@ import pytest
 
 import hubgym
 from hubgym.errors import EnvContractError, EnvNotFoundError, HubAuthError, HubConnectionError, VerifierNotTrustedError
-from hubgym.hub import HfHub, load_env, push_env
+from hubgym.hub import HfHub
+from hubgym.envs import load_env, push_env
 
 from hub_server import TOKEN
 
@@ -44,7 +45,7 @@ def test_push_then_load_dataset_from_the_hub_by_config_and_split(hub, hub_client
     streamed = datasets.load_dataset("org/arith", "easy", split="test", streaming=True, token=TOKEN)
     assert len(test) == 3 and [r["id"] for r in streamed] == test["id"]
     assert test[0]["info"]["answer"] and test[0]["prompt"][-1]["role"] == "user"
-    env = load_env(result.ref, hub=hub, pin="sha256:" + result.manifest["verifier"]["sha256"], split="test")
+    env = load_env(result.ref, hub=hub, pin="sha256:" + result.manifest["code"]["sha256"], split="test")
     assert env.tasks["id"] == test["id"] and env.verifier.name == "hubgym.verifiers.arithmetic"
     assert [r.id for r in hub.revisions("org/arith")][0] == result.revision
 
@@ -185,7 +186,7 @@ def test_a_verifier_pushed_over_http_loads_back_from_the_cache_links(hub, tmp_pa
     from hubgym.score.choice import VerifierChoice
 
     result = push_env(words_env(tmp_path), "org/words", hub=hub)
-    pin = "sha256:" + result.manifest["verifier"]["sha256"]
+    pin = "sha256:" + result.manifest["code"]["sha256"]
     env = load_env(result.ref, hub=hub, pin=pin, split="test")
     linked = env.path / "verifier.py"
     assert linked.is_symlink() and linked.resolve().parent.name == "blobs"  # the client's default layout
@@ -208,7 +209,7 @@ def test_a_short_revision_resolves_as_on_the_hub(hub):
 
 def test_the_refusal_and_the_push_result_name_the_hub_and_work_as_written(hub_spec, tmp_path, monkeypatch):
     result = push_env(words_env(tmp_path), "org/words", hub=hub_spec)
-    sha = result.manifest["verifier"]["sha256"]
+    sha = result.manifest["code"]["sha256"]
     python, cli = result.load_hints()
     assert python == f"hubgym.load_env({result.ref!r}, pin='sha256:{sha}', hub={hub_spec!r})"
     assert cli == f"--pin org/words=sha256:{sha} --hub {hub_spec}"  # what `rollout` and `score` take

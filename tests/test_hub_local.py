@@ -14,7 +14,9 @@ import pytest
 import hubgym
 from hubgym.builders.arithmetic import Arithmetic
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierNotTrustedError
-from hubgym.hub import HfHub, LocalHub, get_hub, load_env, parse_ref, push_env
+from hubgym.hub.trust import code_sha256
+from hubgym.hub import HfHub, LocalHub, get_hub, parse_ref
+from hubgym.envs import load_env, push_env
 from hubgym.hub import local as local_module
 from hubgym.score.choice import VerifierChoice
 from hubgym.verifiers import load_verifier
@@ -90,7 +92,9 @@ def test_push_lays_out_a_hub_repo_with_card_verifier_and_manifest(pushed):
     assert manifest["configs"]["easy"]["splits"]["test"]["num_rows"] == 3
     card = (snapshot.path / "README.md").read_text()
     assert "config_name: easy" in card and "- data/easy/test-00000-of-00001.parquet" in card
-    assert "| `correct` | 1.0 |" in card and f"pin=\"sha256:{verifier.sha256}\"" in card
+    assert manifest["code"] == {"files": {"verifier.py": verifier.sha256},
+                                "sha256": code_sha256({"verifier.py": verifier.sha256})}
+    assert "| `correct` | 1.0 |" in card and f"pin=\"sha256:{manifest['code']['sha256']}\"" in card
     assert [r.message for r in hub.revisions("org/arith")] == ["Push arithmetic-v1 (easy)", "initial commit"]
 
 
@@ -107,12 +111,12 @@ def test_snapshot_loads_with_plain_load_dataset_by_config_and_split(pushed):
 
 def test_load_env_returns_tasks_and_the_pinned_verifier(pushed):
     hub, result = pushed
-    sha = result.manifest["verifier"]["sha256"]
+    sha = result.manifest["code"]["sha256"]
     env = load_env(result.ref, hub=hub, pin=f"sha256:{sha}", split="test")
     assert env.revision == result.revision and env.config == "easy" and len(env.tasks) == 3
     task = env.tasks[0]
     score = env.verifier.score(task, [{"role": "assistant", "content": f"<answer>{task['info']['answer']}</answer>"}])
-    assert score.reward == 1.0 and env.verifier.sha256 == sha
+    assert score.reward == 1.0 and env.verifier.code_sha256 == sha
     short = load_env(f"org/arith@{result.revision[:8]}", hub=hub, pin=sha, split="test")
     assert short.revision == result.revision
     streamed = load_env("org/arith", hub=hub, pin=sha, streaming=True)
@@ -177,7 +181,7 @@ def echo_pushed(tmp_path, monkeypatch):
 
 def test_unpinned_verifier_is_refused_without_running_it(echo_pushed):
     hub, result, marker, _ = echo_pushed
-    sha = result.manifest["verifier"]["sha256"]
+    sha = result.manifest["code"]["sha256"]
     with pytest.raises(VerifierNotTrustedError) as caught:
         load_env("org/echo", hub=hub)
     message = str(caught.value)
@@ -189,7 +193,7 @@ def test_unpinned_verifier_is_refused_without_running_it(echo_pushed):
 
 def test_wrong_pin_is_refused_without_running_it(echo_pushed):
     hub, result, marker, _ = echo_pushed
-    sha, wrong = result.manifest["verifier"]["sha256"], "0" * 64
+    sha, wrong = result.manifest["code"]["sha256"], "0" * 64
     with pytest.raises(VerifierNotTrustedError, match=f"its sha256 is {sha}, but the pin is sha256:{wrong}"):
         load_env("org/echo", hub=hub, pin=f"sha256:{wrong}", trust=True)  # a pin wins over trust
     with pytest.raises(VerifierNotTrustedError, match=r"pin 'sha256:abc' is not a sha256; write it as sha256:<64"):
@@ -199,7 +203,7 @@ def test_wrong_pin_is_refused_without_running_it(echo_pushed):
 
 def test_right_pin_or_trust_runs_the_verifier(echo_pushed):
     hub, result, marker, _ = echo_pushed
-    env = load_env("org/echo", hub=hub, pin="sha256:" + result.manifest["verifier"]["sha256"], split="train")
+    env = load_env("org/echo", hub=hub, pin="sha256:" + result.manifest["code"]["sha256"], split="train")
     assert marker.read_text() == "ran"
     assert env.verifier.score(env.tasks[0], [{"role": "assistant", "content": "train0"}]).reward == 1.0
     assert load_env("org/echo", hub=hub, trust=True).verifier.sha256 == result.manifest["verifier"]["sha256"]
@@ -222,8 +226,11 @@ def test_missing_repo_revision_and_manifest_are_clear_errors(pushed, tmp_path):
         load_env("org/nope", hub=hub)
     with pytest.raises(EnvNotFoundError, match=r"repo 'org/arith' on the local hub has no revision 'deadbeef0'"):
         load_env("org/arith@deadbeef0", hub=hub)
-    with pytest.raises(EnvNotFoundError, match=r"'arith' is not a hub repo id: it must be an owner and a name with one '/' between them; write org/name"):
-        load_env("arith", hub=hub)
+    with pytest.raises(EnvNotFoundError, match=r"no environment named 'arith'; known: arithmetic, "):
+        load_env("arith", hub=hub)  # a bare word is an env name (hubgym.envs.refs): no such env
+    with pytest.raises(EnvNotFoundError, match=r"'org/a/rith' is not a hub repo id: it must be an owner and a name "
+                                               r"with one '/' between them; write org/name"):
+        load_env("org/a/rith", hub=hub)
     with pytest.raises(EnvNotFoundError, match=r"config 'easy' of repo .* has no split 'dev'; it has train, test"):
         load_env(result.ref, hub=hub, trust=True, split="dev")
     bare = LocalHub(tmp_path / "bare")
@@ -300,7 +307,7 @@ def test_the_readme_load_env_example_gives_what_it_says(pushed, monkeypatch):
     section = readme[readme.index("## Environments on a hub"):readme.index("## Rollouts on a hub")]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     code = code.replace("my-org/arithmetic@<revision>", result.ref).replace(
-        "<verifier sha256>", result.manifest["verifier"]["sha256"])
+        "<code sha256>", result.manifest["code"]["sha256"])
     monkeypatch.setenv("HUBGYM_HUB", str(hub.root))  # the README loads from the default hub
     scope = {"hubgym": hubgym}
     exec(code, scope)

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hubgym.errors import EnvContractError, EnvNotFoundError, HubgymError
-from hubgym.hub import HfHub, LocalHub, load_env, parse_ref, push_env, push_rollouts
+from hubgym.hub import HfHub, LocalHub, parse_ref, push_rollouts
+from hubgym.envs import load_env, push_env
 from hubgym.hub.names import MAX_NAME, check_name, check_repo_id, check_repo_path, check_revision, shown
 from hubgym.hub.rollout_reader import parse_rollout_ref
 

@@ -17,11 +17,12 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from hubgym.builders.build import build_tasks
-from hubgym.builders.registry import resolve_env
+from hubgym.envs.build import build_tasks
+from hubgym.envs import resolve_env
 from hubgym.cli import app
 from hubgym.errors import HubConnectionError, ShardError, SkippedShardsWarning, VerifierNotTrustedError
-from hubgym.hub import HfHub, LocalHub, push_env
+from hubgym.hub import HfHub, LocalHub
+from hubgym.envs import push_env
 from hubgym.hub.base import get_hub
 from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.shards import sha256_file
@@ -276,7 +277,7 @@ def test_a_truncated_shard_in_a_run_folder_is_detected_on_read(real_runs, tmp_pa
 def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, engine, tiny_model, tmp_path):
     pushed = push_env("arithmetic", "org/arith", hub=hub_spec, configs=["easy"],
                       overrides={"sizes": {"train": 4, "test": 4}})
-    sha = pushed.manifest["verifier"]["sha256"]
+    sha = pushed.manifest["code"]["sha256"]
     with pytest.raises(VerifierNotTrustedError, match=f"Its sha256 is {sha}"):  # neither pinned nor trusted
         run_rollouts(rollout_config(tiny_model, tmp_path / "refused", envs=["org/arith:easy"], hub=hub_spec),
                      engine=engine, progress=False)

@@ -17,7 +17,7 @@ from hubgym.builders.base import TaskBuilder, TaskConfig
 from hubgym.builders.families import FamilyEnv
 from hubgym.errors import EnvContractError, EnvNotFoundError
 from hubgym.mixture import KeepAll, Mixture, TaskFilter, expand, load_spec, parse_spec
-from hubgym.mixture.listing import Listing, listing
+from hubgym.envs.listing import Listing, listing
 from hubgym.schemas import make_task, user
 
 _BUILDERS: dict[tuple[str, int], type[TaskBuilder]] = {}
@@ -207,7 +207,7 @@ def test_the_online_producer_resumes_its_draw_from_the_stored_manifest(tmp_path)
                               task_filter=task_filter)
 
     def keys(picks):
-        return [(e.spec, t["id"]) for e, t in picks]
+        return [(str(e.ref), t["id"]) for e, t in picks]
 
     whole = producer(tmp_path / "a")
     steps = []
@@ -285,8 +285,8 @@ def test_rollout_samples_a_mixture_and_resumes(tiny_model, tmp_path):
 
 
 def test_a_hub_env_streams_into_the_mixture_and_builders_write_no_cache(tmp_path):
-    from hubgym.hub.push import push_env
-    from hubgym.mixture import sources
+    from hubgym.envs.push import push_env
+    from hubgym.envs import opened as sources
 
     push_env("arithmetic", "me/arith", hub=tmp_path / "hub", configs=["easy"])
     mix = Mixture.from_spec(parse_spec([{"name": "me/arith:easy"}, {"name": "arithmetic:tiny"}]), split="train",

@@ -5,7 +5,7 @@ import textwrap
 import datasets
 import pytest
 
-from hubgym.builders import build_tasks, resolve_env
+from hubgym.envs import build_tasks, resolve_env
 from hubgym.builders.arithmetic import Arithmetic
 from hubgym.builders import registry
 from hubgym.builders.registry import ENTRY_POINT_GROUP, env_names

@@ -10,7 +10,9 @@ import pytest
 from transformers import AutoTokenizer
 from typer.testing import CliRunner
 
-from hubgym.builders.registry import BUILTIN_ENVS, resolve_env
+from hubgym.builders.registry import BUILTIN_ENVS
+
+from hubgym.envs import resolve_env
 from hubgym.cli import app
 from hubgym.hub.rollouts import iter_rollouts, push_rollouts
 from hubgym.rollout.engines import SamplingArgs, VLLMEngine

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hubgym.builders import build_tasks
+from hubgym.envs import build_tasks
 from hubgym.cli import app
 from hubgym.errors import EnvNotFoundError, RescoreError
-from hubgym.hub import push_env
-from hubgym.resolve import load_env_tasks, stored_env_verifier
+from hubgym.envs import push_env
+from hubgym.envs import open_env, stored_env_verifier
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.score import rescore
@@ -129,7 +129,7 @@ def test_a_verifier_source_per_env(tmp_path):
     """A hub env revision for one env's rows and a module for the other's, in one re-score."""
     hub = tmp_path / "hub"
     pushed = push_env("arithmetic", "org/arith", hub=hub, configs=["easy"])
-    sha = pushed.manifest["verifier"]["sha256"]
+    sha = pushed.manifest["code"]["sha256"]
     module = tmp_path / "rev_v2.py"
     module.write_text("def same(task, completion):\n    return 0.25\n\nREWARDS = {same: 1.0}\n")
     run = write_run(tmp_path / "run", "arithmetic", envs=(("arithmetic", "easy"), ("reverse_text", "words")))
@@ -146,7 +146,7 @@ def test_a_verifier_source_per_env(tmp_path):
 
 def test_an_unknown_config_or_split_is_one_clear_error():
     with pytest.raises(Exception, match=r"has no config 'nope'.*easy") as caught:
-        load_env_tasks("arithmetic:nope", "test", 1)
+        open_env("arithmetic:nope").take("test", 1)
     assert "arithmetic" in str(caught.value)
     with pytest.raises(Exception, match=r"has no split 'dev'"):
-        load_env_tasks("arithmetic:easy", "dev", 1)
+        open_env("arithmetic:easy").take("dev", 1)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from hubgym.builders.registry import resolve_env
+from hubgym.envs import resolve_env
 from hubgym.hub.rollout_card import env_stats
 from hubgym.rollout.report import SUMMARY_COLUMNS, pass_at_k, plot_rewards, reward_figure, scan_rollouts, summarize
 from hubgym.schemas import assistant, interaction, make_task, rollouts_to_table, user

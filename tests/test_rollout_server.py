@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from hubgym.builders.registry import resolve_env
+from hubgym.envs import resolve_env
 from hubgym.rollout import EngineError, OpenAIEngine, RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.rollout.run import rollout_id
 from hubgym.rollout.server import VLLMServer, free_port

@@ -26,13 +26,13 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from hubgym.builders.build import build_tasks
-from hubgym.builders.registry import resolve_env
+from hubgym.envs.build import build_tasks
+from hubgym.envs import resolve_env
 from hubgym.errors import ToolNotFoundError
 from hubgym.rollout import ChatRenderer, LoopContext, RolloutConfig, SamplingArgs, VLLMEngine, run_group, run_rollouts
 from hubgym.rollout.engines import Request
 from hubgym.rollout.report import shard_files
-from hubgym.resolve import load_env_tasks
+from hubgym.envs import open_env
 from hubgym.rollout.run import rollout_id
 from hubgym.schemas import validate_rollouts
 from hubgym.verifiers.contract import load_verifier
@@ -199,7 +199,8 @@ def text(renderer: ChatRenderer, ids: list[int]) -> str:
 
 
 def tasks_by_id(envs: list[str], limit: int) -> dict[str, dict]:
-    return {t["id"]: (t, e.verifier) for spec in envs for e in [load_env_tasks(spec, "test", limit)] for t in e.tasks}
+    opened = [open_env(spec) for spec in envs]
+    return {t["id"]: (t, e.verifier) for e in opened for t in e.take("test", limit)}
 
 
 def check_token_record(row: dict, sampled: list[list[int]]) -> None:
@@ -430,7 +431,7 @@ def test_max_turns_truncation(engine, tmp_path):
 
 
 def test_context_length_truncation(engine, renderer, tmp_path):
-    wordle, arithmetic = (load_env_tasks(env, "test", 1).tasks[0] for env in ("wordle", "arithmetic:easy"))
+    wordle, arithmetic = (open_env(env).take("test", 1)[0] for env in ("wordle", "arithmetic:easy"))
     game_limit = len(renderer.prompt_ids(wordle["prompt"], None)) + 24
     reply_limit = len(renderer.prompt_ids(arithmetic["prompt"], None)) + 8
     _, game, sampled = run(engine, tmp_path / "game", ["wordle"], move_or_guess, limit=1, max_tokens=24,
@@ -455,7 +456,7 @@ def test_context_length_truncation(engine, renderer, tmp_path):
 # ---------------------------------------------------------------- bad input and faults
 
 def test_a_refused_request_and_an_empty_reply_are_recorded_and_the_run_goes_on(engine, tmp_path):
-    tasks = load_env_tasks("arithmetic:easy", "test", 4).tasks
+    tasks = open_env("arithmetic:easy").take("test", 4)
     refused, empty = tasks[1]["prompt"][-1]["content"], tasks[2]["prompt"][-1]["content"]
 
     def constrain(request: Request) -> str | None:
@@ -499,7 +500,7 @@ def test_an_env_whose_reset_fails_is_recorded_on_every_row_before_any_generation
     broken = types.ModuleType("broken_wordle")
     broken.REWARDS, broken.step, broken.__file__ = dict(wordle.REWARDS), wordle.step, wordle.__file__
     broken.reset = lambda task: (_ for _ in ()).throw(KeyError("secret"))
-    task, requests = load_env_tasks("wordle", "test", 1).tasks[0], engine.requests
+    task, requests = open_env("wordle").take("test", 1)[0], engine.requests
     ctx = LoopContext(engine, renderer, SamplingArgs(max_tokens=8), load_verifier(broken))
 
     trajectories = asyncio.run(run_group(task, 2, ctx))
@@ -517,7 +518,7 @@ def test_a_template_that_rewrites_earlier_turns_is_flagged(engine, tiny_model):
         "{% if message.content %}{{ message.content }}{% endif -%}",
         "{% if message.content %}{{ message.content.split('</think>')[-1] if not loop.last else message.content }}"
         "{% endif -%}")
-    task = load_env_tasks("wordle", "test", 1).tasks[0]
+    task = open_env("wordle").take("test", 1)[0]
     verifier = load_verifier("hubgym.verifiers.wordle")
     ctx = LoopContext(engine, ChatRenderer(tokenizer), SamplingArgs(max_tokens=64), verifier)
     engine.constrain = lambda request: r"<think>[a-z]{2}</think><guess>[a-z]{5}</guess>"

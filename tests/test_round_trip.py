@@ -7,7 +7,7 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from hubgym.hub import push_env
+from hubgym.envs import push_env
 from hubgym.hub.base import get_hub
 from hubgym.hub.rollouts import iter_rollouts, push_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts

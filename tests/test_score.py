@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from hubgym.cli import app
 from hubgym.errors import NoShardsError, RescoreError, ShardError, VerifierNotTrustedError
-from hubgym.hub import LocalHub, push_env
+from hubgym.hub import LocalHub
+from hubgym.envs import push_env
 from hubgym.hub.rollouts import push_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
 from hubgym.rollout.writer import ShardWriter
@@ -226,7 +227,7 @@ def test_a_hub_env_revision_needs_a_pin_or_trust(stored, tmp_path):
                       overrides={"sizes": {"train": 4, "test": 4}})
     with pytest.raises(VerifierNotTrustedError, match="runs only when its sha256 matches a pin"):
         rescore(stored, env_revision=pushed.ref, hub=hub, workers=1)
-    sha = pushed.manifest["verifier"]["sha256"]
+    sha = pushed.manifest["code"]["sha256"]
     result = rescore(stored, env_revision=pushed.ref, pin=f"sha256:{sha}", hub=hub, workers=1)
     assert result.changed == 0  # the pushed verifier is the current one
     assert result.verifiers["arithmetic"].origin == f"org/arith@{pushed.revision}"

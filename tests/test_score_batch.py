@@ -9,8 +9,8 @@ import math
 import pyarrow as pa
 import pytest
 
-from hubgym.builders import build_tasks
-from hubgym.builders.registry import resolve_env
+from hubgym.envs import build_tasks
+from hubgym.envs import resolve_env
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
 from hubgym.score.choice import VerifierChoice

@@ -27,7 +27,7 @@ import polars as pl
 import pyarrow as pa
 import pytest
 
-from hubgym.builders.registry import resolve_env
+from hubgym.envs import resolve_env
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.score import rescore

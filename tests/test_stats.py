@@ -16,10 +16,10 @@ import pytest
 from typer.testing import CliRunner
 
 import hubgym.cli.stats  # noqa: F401  (registers `stats` on the app)
-from hubgym.builders.build import build_tasks
+from hubgym.envs.build import build_tasks
 from hubgym.cli import app
 from hubgym.errors import EnvContractError, ManifestError
-from hubgym.resolve import load_env_tasks
+from hubgym.envs import open_env
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.stats import DifficultyBand, TaskStats, check_tasks, load_stats, read_stats, write_stats
@@ -31,6 +31,13 @@ TASKS = build_tasks("arithmetic", "easy")["test"]
 T = [TASKS[i]["id"] for i in range(4)]
 START = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
 
+
+
+def with_tasks(spec: str):
+    """The env, opened, with every task of its test split read."""
+    env = open_env(spec)
+    env.take("test")
+    return env
 
 def row(run_id: str, task: int, sample: int, reward: float | None, *, version: int = 0, success: bool = True,
         minute: int = 0, env: str = "arithmetic") -> dict:
@@ -205,9 +212,9 @@ def test_stats_of_another_schema_version_are_refused(tmp_path):
 
 def test_task_ids_checked_against_an_env_name_env_config_split_row_and_field(tmp_path):
     stats = TaskStats.from_rollouts(run_a(tmp_path))
-    check_tasks(stats, [load_env_tasks("arithmetic:easy", "test", None)], "test")  # its own tasks: fine
+    check_tasks(stats, [with_tasks("arithmetic:easy")], "test")  # its own tasks: fine
     with pytest.raises(EnvContractError) as caught:
-        check_tasks(stats, [load_env_tasks("arithmetic:medium", "test", None)], "test")
+        check_tasks(stats, [with_tasks("arithmetic:medium")], "test")
     assert caught.value.where.env == "arithmetic" and caught.value.where.config == "medium"
     assert caught.value.where.split == "test" and caught.value.where.field == "task_id"
     assert caught.value.where.row == min(T[:3])

@@ -24,10 +24,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubgym.builders.build import build_tasks
-from hubgym.builders.registry import resolve_env
+from hubgym.envs.build import build_tasks
+from hubgym.envs import resolve_env
 from hubgym.errors import EnvContractError, HubgymError, ManifestError, ShardError, SkippedShardsWarning
-from hubgym.hub import LocalHub, load_env, push_env
+from hubgym.hub import LocalHub
+from hubgym.envs import load_env, push_env
 from hubgym.hub.load import METADATA_FILES
 from hubgym.hub.manifest import MANIFEST_FILE, config_files, read_manifest
 from hubgym.hub.rollouts import iter_rollouts, open_rollouts, push_rollouts

@@ -151,7 +151,7 @@ def test_builtin_parsers_record_answer_found_and_change_no_reward(env, no_answer
     import inspect
     from pathlib import Path
 
-    from hubgym.builders.registry import resolve_env
+    from hubgym.envs import resolve_env
     from hubgym.verifiers.golden import load_golden
 
     builder = resolve_env(env)

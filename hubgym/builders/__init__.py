@@ -1,4 +1,5 @@
-"""Builders: TaskBuilder (a datasets GeneratorBasedBuilder), the env registry, and one module per built-in env.
+"""Builders: TaskBuilder (a datasets GeneratorBasedBuilder), the env registry by name, and one module per built-in
+env. What a user types is resolved, and envs are built and pushed, by hubgym.envs.
 
 Names load on first use, so listing the catalog (`hubgym envs`) does not import datasets.
 """
@@ -10,8 +11,8 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "TaskBuilder": "hubgym.builders.base", "TaskConfig": "hubgym.builders.base", "split_seed": "hubgym.builders.base",
-    "build_files": "hubgym.builders.build", "build_tasks": "hubgym.builders.build",
-    "make_builder": "hubgym.builders.build",
+    "build_files": "hubgym.envs.build", "build_tasks": "hubgym.envs.build",
+    "make_builder": "hubgym.envs.build",
     "BUILTIN_ENVS": "hubgym.builders.registry", "env_names": "hubgym.builders.registry",
     "resolve_env": "hubgym.builders.registry",
 }

@@ -49,6 +49,9 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     VERIFIER: ClassVar[str]  # dotted module name, or a .py path relative to the builder's file
     GOLDEN: ClassVar[str]  # golden cases (JSONL), relative to the builder's file
     TOOLS: ClassVar[tuple[str, ...]] = ()  # tools its rows may offer (for the catalog)
+    # The env's own tools: a .py path relative to the builder's file (or a dotted module) whose @hubgym.tool
+    # functions and ToolSet classes its rows may offer by name. It ships with the env (push uploads it).
+    TOOLS_MODULE: ClassVar[str | None] = None
     # True when each row is an independent random draw (a procedural generator seeded per row): a task mixture
     # then serves rows in generated order instead of shuffling them in blocks, so opening the env costs one row.
     ROWS_IN_RANDOM_ORDER: ClassVar[bool] = False
@@ -85,6 +88,25 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
             seen.add(row["id"])
             yield row["id"], {**row, "split": row.get("split") or split}
 
+    def split_names(self) -> list[str]:
+        """The splits this config generates (`_split_generators`, run once per instance)."""
+        return list(self._split_kwargs())
+
+    def iter_tasks(self, split: str) -> Iterator[Task]:
+        """The rows of one split, generated now and checked as a build checks them, in the order a build stores
+        them: the one path of every reader that draws tasks (hubgym.envs.OpenedEnv.rows). Nothing is written."""
+        kwargs = self._split_kwargs()
+        if split not in kwargs:
+            raise EnvContractError(f"env {self.ENV!r} config {self.config.name!r} has no split {split!r}",
+                                   Where(self.ENV, self.config.name, split),
+                                   f"choose one of its splits: {', '.join(kwargs)}")
+        return (row for _, row in self._generate_examples(**kwargs[split]))
+
+    def _split_kwargs(self) -> dict[str, dict[str, Any]]:
+        if not hasattr(self, "_kwargs_by_split"):  # a builder that reads source data reads it once
+            self._kwargs_by_split = {g.name: g.gen_kwargs for g in self._split_generators(None)}
+        return self._kwargs_by_split
+
     # -- the environment around the builder ------------------------------------------------
 
     @classmethod
@@ -111,7 +133,13 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
 
 @cache
 def _verifier(cls: type[TaskBuilder]) -> Verifier:
-    return load_verifier(cls.VERIFIER, relative_to=cls.source_dir(), env=cls.ENV)
+    """The verifier, with the env's own tools (TOOLS_MODULE) loaded beside it."""
+    verifier = load_verifier(cls.VERIFIER, relative_to=cls.source_dir(), env=cls.ENV)
+    if cls.TOOLS_MODULE:
+        from hubgym.tools.modules import load_tools
+
+        verifier.tools = load_tools(cls.TOOLS_MODULE, relative_to=cls.source_dir(), env=cls.ENV)
+    return verifier
 
 
 def split_seed(seed: int, split: str) -> int:

@@ -1,9 +1,12 @@
-"""Find an environment's builder: built-ins by name, family envs by prefix, third-party envs by entry point, or a path.
+"""Which builder an env name means: built-ins by name, family envs by prefix, third-party envs by entry point.
 
-    resolve_env("arithmetic")        # built-in (also "arithmetic-v1": the version must match)
-    resolve_env("rg_leg_counting")   # a family env: the family owning the prefix "rg_" is the only one imported
-    resolve_env("my_env")            # a package exposing  [project.entry-points."hubgym.envs"] my_env = "pkg.mod:Builder"
-    resolve_env("./envs/my_env")     # a folder holding builder.py (or the .py file itself)
+    builder_by_name("arithmetic")       # built-in
+    builder_by_name("rg_leg_counting")  # a family env: the family owning the prefix "rg_" is the only one imported
+    builder_by_name("my_env")           # a package exposing [project.entry-points."hubgym.envs"] my_env = "pkg.mod:B"
+    load_builder_file(Path("envs/my_env/builder.py"))   # a builder file
+
+What a user typed is parsed by hubgym.envs.refs (names, versioned ids, paths, hub refs) and resolved by
+hubgym.envs.resolve_env, which calls these.
 
 Listing names (`env_names`, `is_registered`) reads family indexes and entry-point metadata only: it imports no
 builder and no bridged package; this module imports TaskBuilder (and so datasets) only when it resolves one.
@@ -15,7 +18,6 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import re
 import sys
 from functools import cache
 from importlib.metadata import entry_points
@@ -54,9 +56,6 @@ Every key of FAMILIES has one here, and it must equal the family object's `prefi
 BUILTIN = "builtin"
 ENTRY_POINT = "entry point"
 """Sources of an env besides a family's name (the catalog's `source` column, `hubgym envs --source`)."""
-
-_VERSIONED = re.compile(r"^(?P<name>.+)-v(?P<version>\d+)$")
-
 
 def env_names(source: str | None = None) -> list[str]:
     """Every environment name known by name: built-ins, then each family's envs, then installed entry points.
@@ -141,38 +140,15 @@ def _family_builder(family_name: str, name: str) -> type[TaskBuilder] | None:
 
 # -- resolving -----------------------------------------------------------------------------------
 
-def resolve_env(ref: str | type[TaskBuilder]) -> type[TaskBuilder]:
-    """The builder class for a name, versioned id, family env, entry point or path."""
-    from hubgym.builders.base import TaskBuilder
-
-    if isinstance(ref, type) and issubclass(ref, TaskBuilder):
-        return ref
-    path = Path(ref)
-    if path.suffix == ".py" or "/" in ref or ref.startswith(".") or (path.is_dir() and not is_registered(ref)):
-        return load_builder_file(path / "builder.py" if path.is_dir() else path)
-    name, version = _split_version(ref)
-    builder = _by_name(name)
-    if version is not None and builder.ENV_VERSION != version:
-        raise EnvNotFoundError(f"env {name!r} is at version {builder.ENV_VERSION}, not {version}; "
-                               f"use {builder.env_id()!r} or install the version you need")
-    return builder
-
-
-def is_registered(ref: str) -> bool:
-    """A built-in, family or installed entry-point env (a name or versioned id). A bare word names a registered env
-    first; a folder of that name is used only if none is registered."""
-    name = _split_version(ref)[0]
+def is_registered(name: str) -> bool:
+    """A built-in, family or installed entry-point env name (no version: hubgym.envs.refs splits it off)."""
     family = family_for(name)
     in_family = family is not None and name in {e.name for e in family_entries_or_none(family) or []}
     return name in BUILTIN_ENVS or in_family or any(True for _ in entry_points(group=ENTRY_POINT_GROUP, name=name))
 
 
-def _split_version(ref: str) -> tuple[str, int | None]:
-    match = _VERSIONED.match(ref)
-    return (match["name"], int(match["version"])) if match else (ref, None)
-
-
-def _by_name(name: str) -> type[TaskBuilder]:
+def builder_by_name(name: str) -> type[TaskBuilder]:
+    """The builder of a registered env name; EnvNotFoundError naming the known ones (or the closest) otherwise."""
     if name in BUILTIN_ENVS:
         return _load_target(BUILTIN_ENVS[name])
     family = family_for(name)

@@ -75,21 +75,6 @@ def _quiet_datasets() -> None:
         os.environ.setdefault("DATASETS_VERBOSITY", "error")
 
 
-PIN_HELP = "REPO=sha256:<hex>: the verifier a hub env must have (repeatable)"
-
-
-def parse_pin_options(pins: list[str] | None) -> dict[str, str]:
-    """--pin REPO=sha256:<hex> (repeatable) -> {repo: pin}."""
-    out = {}
-    for item in pins or []:
-        repo, eq, value = item.partition("=")
-        if not eq or "/" not in repo:
-            raise typer.BadParameter(f"--pin {item!r}: write REPO=sha256:<hex>, e.g. org/arith=sha256:9f2c... (the "
-                                     f"refusal message of an unpinned run shows the sha256)")
-        out[repo.split("@")[0]] = value
-    return out
-
-
 SKIP_BAD_HELP = "leave out shards that fail their checks (each is named) instead of stopping at the first"
 
 

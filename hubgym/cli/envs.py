@@ -60,7 +60,7 @@ def envs(pattern: Annotated[Optional[str], typer.Argument(help="only names holdi
                                                  "failed ones with 'error') or names (one a line) for scripts")]
          = ListFormat.table) -> None:
     """List the catalog (built-ins, env families, then installed `hubgym.envs` entry points) without building any."""
-    from hubgym.catalog import catalog
+    from hubgym.envs.catalog import catalog
 
     entries = catalog(source=_known_source(source), kind=kind.value if kind else None, tags=tag or (), pattern=pattern)
     if fmt is ListFormat.json:
@@ -105,7 +105,7 @@ def build(env: Annotated[str, typer.Argument(help="env name, versioned id, or pa
           out: Annotated[Optional[Path], typer.Option(help="output folder [default: out/ENV]")] = None,
           fmt: Annotated[FileFormat, typer.Option("--format", help="file format")] = FileFormat.parquet) -> None:
     """Write an env's tasks as files: OUT/CONFIG/<env>-<split>.<format>, one set per config."""
-    from hubgym.builders import build_files, resolve_env
+    from hubgym.envs import build_files, resolve_env
 
     builder = resolve_env(env)
     out = out or Path("out") / builder.ENV
@@ -151,7 +151,7 @@ def check(target: Annotated[Optional[str], typer.Argument(help="env name, path t
 def _catalog_slice(source: str | None, tags: list[str]) -> tuple[list[str], list]:
     """Names of the catalog's envs from `source` with every tag, and a failure row for each env or family in
     that slice that failed to load (a broken family cannot be checked, and must not pass silently)."""
-    from hubgym.catalog import catalog
+    from hubgym.envs.catalog import catalog
     from hubgym.conformance import CheckResult
 
     entries = catalog(source=_known_source(source), tags=tags)
@@ -195,7 +195,7 @@ def push(env: Annotated[str, typer.Argument(help="env name, versioned id, or pat
          = None,
          hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None) -> None:
     """Push an env (data files, dataset card, verifier, manifest) to a hub repo as one new revision."""
-    from hubgym.hub import push_env
+    from hubgym.envs import push_env
 
     with console().status(f"building and pushing {env} to {repo}"):
         result = push_env(env, repo, hub=hub, configs=config)
@@ -230,7 +230,7 @@ def _env_folders(folder: str, config: str | None) -> list[str]:
 def _validate_target(target: str, config: str | None) -> None:
     """An unknown env or config is a user error, raised before any work; a builder that fails to import
     is not: the checker reports it as a failed check, with the cause."""
-    from hubgym.builders import resolve_env
+    from hubgym.envs import resolve_env
 
     try:
         builder = resolve_env(target)

@@ -16,7 +16,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from hubgym.cli.app import HUB_HELP, PIN_HELP, Verbose, app, console, parse_pin_options, user_errors
+from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
+from hubgym.envs.pins import PIN_HELP, parse_pins
 
 
 @app.command("eval")
@@ -52,7 +53,7 @@ def evaluate_model(
     try:
         metrics = evaluate(engine, envs, model=folder, out=out, step=0, split=split, limit=limit, n=n,
                            temperature=temperature, max_tokens=max_tokens, seed=seed, max_model_len=length,
-                           hub=hub, trust=trust, pins=parse_pin_options(pin))
+                           hub=hub, trust=trust, pins=parse_pins(pin))
     finally:
         engine.close()
     console().print(eval_table(metrics, title=f"{model} on the {split} split ({n} samples per task): {out}"))

@@ -17,8 +17,9 @@ import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import (HUB_HELP, PIN_HELP, SKIP_BAD_HELP, Verbose, app, console, fail, parse_pin_options,
+from hubgym.cli.app import (HUB_HELP, SKIP_BAD_HELP, Verbose, app, console, fail,
                             skipped_shards_noted, user_errors)
+from hubgym.envs.pins import PIN_HELP, parse_pins
 
 
 class EngineKind(str, Enum):
@@ -127,7 +128,7 @@ def rollout(
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
-                           concurrency=concurrency, hub=hub, trust=trust, pins=parse_pin_options(pin))
+                           concurrency=concurrency, hub=hub, trust=trust, pins=parse_pins(pin))
     settings = {"dtype": dtype.value, "gpu_memory_utilization": gpu_memory_utilization,
                 "tensor_parallel_size": tensor_parallel_size}
     try:

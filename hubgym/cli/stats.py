@@ -50,9 +50,7 @@ def stats(sources: Annotated[Optional[list[str]], typer.Argument(
             result = result.merge(TaskStats.from_rollouts(sources, hub=hub, thresholds=thresholds,
                                                           skip_bad=skip_bad, progress=advance))
     if check:
-        from hubgym.resolve import load_env_tasks
-
-        check_tasks(result, [load_env_tasks(spec, split, None, hub=hub) for spec in check], split)
+        check_tasks(result, _opened_with_tasks(check, split, hub), split)
     shown = console()
     summary = result.summary().rename({"signal": "share 0<pass<1"})
     shown.print(views.frame_table(summary, title=f"task stats: {result.tasks().height} tasks, {len(result.runs)} runs"))
@@ -74,3 +72,13 @@ def parse_thresholds(items: list[str] | None) -> dict[str, float]:
         if not eq or not env:
             raise typer.BadParameter(f"--threshold {item!r}: write ENV=X, e.g. arithmetic=1.0")
     return out
+
+
+def _opened_with_tasks(specs: list[str], split: str, hub: str | None) -> list:
+    """Each env of `--check`, opened, with every task of `split` read."""
+    from hubgym.envs import open_env
+
+    envs = [open_env(spec, hub=hub) for spec in specs]
+    for env in envs:
+        env.take(split)
+    return envs

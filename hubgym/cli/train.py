@@ -22,7 +22,8 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, PIN_HELP, Verbose, app, console, parse_pin_options, user_errors
+from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
+from hubgym.envs.pins import PIN_HELP, parse_pins
 
 
 @app.command()
@@ -54,7 +55,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
 
     cfg = load_config(config, set_ or [])
     resolve_model(cfg.model, setting="the `model` setting (YAML `model:`, or --set model=...)")  # before DeepSpeed
-    trainer = Trainer(cfg, console=console(), hub=hub, trust=trust, pins=parse_pin_options(pin))
+    trainer = Trainer(cfg, console=console(), hub=hub, trust=trust, pins=parse_pins(pin))
     try:
         result = trainer.run()
     except KeyboardInterrupt:  # the step being sampled is dropped; the resumed run samples it again

@@ -20,6 +20,7 @@ from hubgym.builders.clock import CHECK_CLOCKS
 from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, TOL, CheckSkipped, fail, guarded,
                                       short)
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
+from hubgym.envs.refs import ENV_NAME_RULE, env_name_problem
 from hubgym.errors import ToolNotFoundError, Where
 from hubgym.schemas import KINDS, TASK_FEATURES, Task, task_id, validate_tasks
 from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
@@ -28,7 +29,6 @@ if TYPE_CHECKING:
     from hubgym.conformance.runner import Context
 
 DOC_SECTIONS = ("Task", "Row schema", "Reward", "Arguments", "Version history")
-_ENV_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
 _PURE_FIX = ("keep scoring pure: read shipped data at import time, keep caches in memory, and return values "
              "instead of writing them (stored rollouts are re-scored anywhere, forever)")
@@ -40,9 +40,10 @@ def check_declaration(ctx: Context) -> None:
     """The builder class declares a usable name, version, kind, verifier, golden file, configs and docstring."""
     cls, where = ctx.builder, ctx.where
     env = getattr(cls, "ENV", None)
-    if not isinstance(env, str) or not _ENV_NAME.match(env) or re.search(r"-v\d+$", env):
-        fail(f"{cls.__name__}.ENV is {env!r}, not a usable env name", where(field="ENV"),
-             "set ENV to letters, digits, '_', '.' or '-', not ending in -v<N> (the version is ENV_VERSION)")
+    problem = env_name_problem(env)
+    if problem is not None:
+        fail(f"{cls.__name__}.ENV is {str(env)[:100]!r}, which {problem}", where(field="ENV"),
+             f"set ENV to {ENV_NAME_RULE} (the version goes in ENV_VERSION)")
     version = cls.ENV_VERSION
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         fail(f"ENV_VERSION is {version!r}", where(field="ENV_VERSION"), "use an int >= 1; bump it when rewards change")

@@ -33,7 +33,7 @@ def importable_ref(ref: object, cls: type) -> str | None:
     """How a second process finds the builder: the ref the user gave when it is a name or a path, the env's name
     when the registry resolves it to this very class, a user file's path, or `module:qualname`; None when the
     class cannot be found by name (made inside a function, or by a test on the fly)."""
-    from hubgym.builders.registry import resolve_env
+    from hubgym.envs import resolve_env
 
     if isinstance(ref, str):
         return ref
@@ -70,7 +70,7 @@ def _load(ref: str) -> type:
     """The builder class of a ref that `importable_ref` gave."""
     import importlib
 
-    from hubgym.builders.registry import resolve_env
+    from hubgym.envs import resolve_env
 
     module, sep, qualname = ref.partition(":")
     if sep and "/" not in ref and not Path(ref).exists():
@@ -80,7 +80,7 @@ def _load(ref: str) -> type:
 
 def main(request_file: str) -> None:
     """The second process: build each config and save it where the first process reads it."""
-    from hubgym.builders.build import build_tasks
+    from hubgym.envs.build import build_tasks
 
     request = json.loads(Path(request_file).read_text())
     sys.path[:] = request["sys_path"]  # the first process's, so a test module's class imports here too

@@ -34,9 +34,9 @@ import datasets
 import pyarrow as pa
 
 from hubgym.builders.base import TaskBuilder
-from hubgym.builders.build import build_tasks, make_builder
+from hubgym.envs.build import build_tasks, make_builder
 from hubgym.builders.clock import CHECK_CLOCKS, Clock, at_clock
-from hubgym.builders.registry import resolve_env
+from hubgym.envs import resolve_env
 from hubgym.conformance.checks import CHECKS
 from hubgym.conformance.common import CheckSkipped
 from hubgym.conformance.purity import Violation, purity_guard

@@ -1,27 +1,39 @@
-"""Hub: push and pull environments (Hugging Face Hub, or a local hub folder).
+"""Hub: repos of files with immutable revisions (the Hugging Face Hub, or a local hub folder), env manifests and
+cards, the trust check of an env's code, and rollout repos (push, read back).
 
-    from hubgym.hub import get_hub, load_env, push_env
+    from hubgym.hub import get_hub, push_rollouts, open_rollouts
+    hub = get_hub()                                     # $HUBGYM_HUB, else ~/.cache/hubgym/hub
+    push_rollouts("runs/r1", "org/arith-rollouts")      # a run's shards, as one commit
 
-    result = push_env("arithmetic", "org/arith", configs=["easy"])        # one commit, a new revision
-    env = load_env(result.ref, pin="sha256:" + result.manifest["verifier"]["sha256"])
-    env.tasks["test"][0], env.verifier.score(...)
-
-The hub is `get_hub()`: $HUBGYM_HUB ("hf" for the Hugging Face Hub at HF_ENDPOINT, an http(s)
+Envs are pushed and opened by the env layer (`hubgym.push_env`, `hubgym.load_env`: hubgym.envs), which
+uses these. The hub is `get_hub()`: $HUBGYM_HUB ("hf" for the Hugging Face Hub at HF_ENDPOINT, an http(s)
 URL for a server speaking its API, or a folder), else the local hub folder ~/.cache/hubgym/hub.
+
+Names load on first use: importing one module of the package (its name rules, say) imports no other.
 """
 
-from hubgym.hub.base import HubBackend, Revision, Snapshot, get_hub, parse_ref
-from hubgym.hub.hf import HfHub
-from hubgym.hub.load import HubEnv, load_env
-from hubgym.hub.local import LocalHub
-from hubgym.hub.manifest import MANIFEST_FILE, VERIFIER_FILE, read_manifest
-from hubgym.hub.push import PushResult, push_env
-from hubgym.hub.rollouts import RolloutPush, iter_batches, iter_rollouts, open_rollouts, push_rollouts
-from hubgym.hub.trust import normalize_pin
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS: dict[str, str] = {
+    "HubBackend": "hubgym.hub.base", "Revision": "hubgym.hub.base", "Snapshot": "hubgym.hub.base",
+    "get_hub": "hubgym.hub.base", "parse_ref": "hubgym.hub.base",
+    "HfHub": "hubgym.hub.hf", "LocalHub": "hubgym.hub.local",
+    "MANIFEST_FILE": "hubgym.hub.manifest", "TOOLS_FILE": "hubgym.hub.manifest", "VERIFIER_FILE": "hubgym.hub.manifest",
+    "read_manifest": "hubgym.hub.manifest",
+    "RolloutPush": "hubgym.hub.rollouts", "iter_batches": "hubgym.hub.rollouts", "iter_rollouts": "hubgym.hub.rollouts",
+    "open_rollouts": "hubgym.hub.rollouts", "push_rollouts": "hubgym.hub.rollouts",
+    "code_sha256": "hubgym.hub.trust", "normalize_pin": "hubgym.hub.names",
+}
+
+__all__ = sorted(_EXPORTS)
 
 
-__all__ = [
-    "MANIFEST_FILE", "VERIFIER_FILE", "HfHub", "HubBackend", "HubEnv", "LocalHub", "PushResult", "Revision",
-    "RolloutPush", "Snapshot", "get_hub", "iter_batches", "iter_rollouts", "load_env", "normalize_pin", "open_rollouts",
-    "parse_ref", "push_env", "push_rollouts", "read_manifest",
-]
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if name in ("local", "hf", "base", "manifest", "rollouts", "trust", "names", "card", "shards"):
+        return importlib.import_module(f"hubgym.hub.{name}")
+    raise AttributeError(f"module 'hubgym.hub' has no attribute {name!r}")

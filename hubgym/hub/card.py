@@ -48,6 +48,9 @@ def _summary(manifest: dict) -> str:
             ("tools", ", ".join(f"`{t}`" for t in manifest["tools"]) or "none"),
             ("reward range", f"{lo} to {hi} (success at {v['success_threshold']})"),
             ("verifier", f"`{VERIFIER_FILE}`, sha256 `{v['sha256']}`"),
+            *([("tools module", f"`{manifest['tools_module']['path']}`, sha256 `{manifest['tools_module']['sha256']}`"
+                )] if manifest.get("tools_module") else []),
+            ("code pin", f"`sha256:{manifest['code']['sha256']}`"),
             ("task schema", f"hubgym {manifest['schema_version']}")]
     table = "\n".join(f"| {k} | {val} |" for k, val in rows)
     return (f"# {manifest['env_id']}\n\nA hubgym environment: task rows for a language model, and a pure verifier "
@@ -87,7 +90,8 @@ def _example(manifest: dict, example: dict[str, Any] | None) -> str:
 
 
 def _usage(manifest: dict, repo: str) -> str:
-    config, sha = manifest["default_config"], manifest["verifier"]["sha256"]
+    config, sha = manifest["default_config"], manifest["code"]["sha256"]
+    code = ", ".join(f"`{path}`" for path in manifest["code"]["files"])
     split = next(iter(manifest["configs"][config]["splits"]))
     return f"""## How to use
 
@@ -99,8 +103,9 @@ from datasets import load_dataset
 tasks = load_dataset("{repo}", "{config}", split="{split}")
 ```
 
-With hubgym, the tasks come with their verifier. Verifier code from a repo runs only when its
-sha256 matches a pin you give (read `{VERIFIER_FILE}` first), or when you pass `trust=True`:
+With hubgym, the tasks come with their verifier. The env's code ({code}) runs only when its sha256
+(`sha256sum` of its files, in path order, hashed again) matches a pin you give (read the files first), or
+when you pass `trust=True`:
 
 ```python
 import hubgym

@@ -6,6 +6,8 @@
      "verifier": {"path": "verifier.py", "module": "hubgym.verifiers.arithmetic", "sha256": "...",
                   "rewards": {"correct": 1.0, "formatted": 0.0}, "reward_range": [0.0, 1.0],
                   "success_threshold": 1.0, "multi_turn": false},
+     "tools_module": {"path": "tools.py", "module": "...", "sha256": "..."},  # or null: the env's own tools
+     "code": {"files": {"verifier.py": "...", "tools.py": "..."}, "sha256": "..."},   # what a pin names
      "golden": "golden.jsonl",                      # or null
      "interaction": {...},                          # the interaction spec of the first row (the default)
      "default_config": "easy",
@@ -34,9 +36,10 @@ from hubgym.schemas.version import SCHEMA_VERSION
 FORMAT = "hubgym-env"
 MANIFEST_FILE = "hubgym.json"
 VERIFIER_FILE = "verifier.py"
+TOOLS_FILE = "tools.py"
 GOLDEN_FILE = "golden.jsonl"
 CARD_FILE = "README.md"
-METADATA_FILES = [MANIFEST_FILE, VERIFIER_FILE, GOLDEN_FILE, CARD_FILE]
+METADATA_FILES = [MANIFEST_FILE, VERIFIER_FILE, TOOLS_FILE, GOLDEN_FILE, CARD_FILE]
 """The small files of an env repo: what a streaming load downloads (the data files are read remotely)."""
 
 REQUIRED = ("format", "schema_version", "env", "env_version", "verifier", "default_config", "configs")
@@ -84,6 +87,13 @@ def _check_types(manifest: dict, fail: Callable[..., Exception]) -> None:
             expect(manifest[key], kinds, key, fail)
     for key, kinds in _VERIFIER_TYPES.items():
         expect(manifest["verifier"].get(key), kinds, f"verifier.{key}", fail)
+    if manifest.get("tools_module") is not None:
+        for key, kinds in _VERIFIER_TYPES.items():
+            expect(manifest["tools_module"].get(key), kinds, f"tools_module.{key}", fail)
+    if "code" in manifest:
+        expect(manifest["code"].get("sha256"), (str,), "code.sha256", fail)
+        for path, sha in expect(manifest["code"].get("files"), (dict,), "code.files", fail).items():
+            expect(sha, (str,), f"code.files[{path!r:.80}]", fail)
     for name, config in manifest["configs"].items():
         at = f"configs.{name}"
         splits = expect(expect(config, (dict,), at, fail).get("splits"), (dict,), f"{at}.splits", fail)
@@ -108,6 +118,7 @@ def _check_schema_version(version: str, ref: str) -> None:
 def _check_paths(manifest: dict, ref: str) -> None:
     """Paths in a manifest stay inside the repo: a manifest is data from someone else."""
     paths = [manifest["verifier"]["path"]] + [manifest["golden"]] * bool(manifest.get("golden"))
+    paths += [manifest["tools_module"]["path"]] if manifest.get("tools_module") else []
     paths += [f for c in manifest["configs"].values() for s in c["splits"].values() for f in s["files"]]
     for p in paths:
         parts = PurePosixPath(p).parts
@@ -233,5 +244,6 @@ _JSON_NAMES: dict[type, str] = {bool: "boolean", int: "integer", float: "number"
                                 dict: "object", type(None): "null"}
 _TYPES: dict[str, tuple[type, ...]] = {
     "format": (str,), "schema_version": (str,), "env": (str,), "env_version": (int,), "verifier": (dict,),
-    "golden": (str, type(None)), "default_config": (str,), "configs": (dict,), "tools": (list,), "kind": (str,)}
+    "golden": (str, type(None)), "default_config": (str,), "configs": (dict,), "tools": (list,), "kind": (str,),
+    "tools_module": (dict, type(None)), "code": (dict,)}
 _VERIFIER_TYPES: dict[str, tuple[type, ...]] = {"path": (str,), "sha256": (str,), "module": (str, type(None))}

@@ -4,6 +4,7 @@
     check_revision("main")             # git's branch and tag name rules (what the Hub stores), or a commit id
     check_name("easy", "config name")  # one safe folder name that is also a `datasets` config name
     check_repo_path("data/x.parquet")  # a relative path inside a repo
+    normalize_pin("sha256:9f2c...")    # a pin (an env's code sha256) -> its 64 hex digits
 
 Each refusal is one error (one line, whatever the value holds) naming the value, cut when long, and the
 rule it breaks. The rules are stricter than any path join needs: a name that passes is one folder or
@@ -14,11 +15,12 @@ from __future__ import annotations
 
 import re
 
-from hubgym.errors import EnvContractError, EnvNotFoundError, Where
+from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierNotTrustedError, Where
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.-]+", re.ASCII)
 _EDGE = re.compile(r"[A-Za-z0-9_]", re.ASCII)
 _HEX = re.compile(r"[0-9a-f]{7,40}")
+_PIN = re.compile(r"^(?:sha256:)?([0-9a-f]{64})$")
 _REF_FORBIDDEN = "~^:?*[\\"  # git check-ref-format: never in a branch or tag name
 MAX_NAME = 96  # the Hub's limit for each part of a repo id (huggingface_hub.utils.validate_repo_id)
 MAX_REVISION = 255  # a revision becomes a file name in the client's cache (refs/<revision>)
@@ -118,3 +120,12 @@ def shown(value: object, limit: int = 100) -> str:
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}... ({len(value)} characters)"
     return repr(value)
+
+
+def normalize_pin(pin: str) -> str:
+    """'sha256:<64 hex>' or '<64 hex>' -> the hex digest."""
+    match = _PIN.match(str(pin).strip().lower())
+    if match is None:
+        raise VerifierNotTrustedError(f"pin {str(pin)[:100]!r} is not a sha256; write it as sha256:<64 hex digits> "
+                                      f"(the refusal message of an unpinned load shows it)", pinned=str(pin)[:100])
+    return match.group(1)

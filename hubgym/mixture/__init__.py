@@ -16,7 +16,7 @@
 
 from hubgym.mixture.filters import MAX_REJECTIONS, KeepAll, TaskFilter
 from hubgym.mixture.spec import EnvConfig, MixEntry, MixSpec, expand, load_spec, parse_spec, spec_digest
-from hubgym.mixture.stream import Drawn, Mixture, Opened
+from hubgym.mixture.stream import Drawn, Mixture
 
-__all__ = ["Drawn", "EnvConfig", "KeepAll", "MAX_REJECTIONS", "MixEntry", "MixSpec", "Mixture", "Opened",
+__all__ = ["Drawn", "EnvConfig", "KeepAll", "MAX_REJECTIONS", "MixEntry", "MixSpec", "Mixture",
            "TaskFilter", "expand", "load_spec", "parse_spec", "spec_digest"]

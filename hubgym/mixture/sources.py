@@ -3,9 +3,9 @@
     pool = SourcePool(opener, max_open=64)
     row = pool.row(env_config, Position(epoch=0, pos=17))      # the 18th row of epoch 0, in shuffled order
 
-A source never materializes its split. A builder's rows come straight from its generator (`_split_generators`
-and `_generate_examples`, so every row is checked as a build checks it) and a hub env's rows stream from its
-Parquet files; no datasets cache is written per env. Rows are served in blocks of `block` rows, each block
+A source never materializes its split: its rows come from the env's one data path (hubgym.envs.OpenedEnv.rows:
+a builder's own generator, every row checked as a build checks it, or a hub env's Parquet files, streamed);
+no datasets cache is written per env. Rows are served in blocks of `block` rows, each block
 shuffled by a seed of its own, so position (epoch, pos) names one row whatever happened before: a source
 evicted from the pool, or a resumed run, reopens and skips to the block that holds it (time linear in pos,
 memory one block). Memory: at most `max_open` open sources, each holding one block of rows and its generator
@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import itertools
 import random
-import tempfile
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from hubgym.errors import EnvContractError, Where
 
-__all__ = ["OpenSource", "Position", "SourcePool", "builder_rows"]
+__all__ = ["OpenSource", "Position", "SourcePool"]
 
 BLOCK_ROWS = 32  # rows shuffled together: the memory of one open source, and the reach of its local shuffle
 MAX_OPEN = 256  # open sources at once (an LRU): memory stays flat however many env configs a mixture has
@@ -123,40 +122,3 @@ class SourcePool:
         for source in self._open.values():
             source.close()
         self._open.clear()
-
-
-_CACHE_DIR: tempfile.TemporaryDirectory | None = None
-
-
-def builder_rows(builder_cls: type, config: str, split: str, seed: int | None = None,
-                 size: int | None = None) -> Callable[[], Iterator[dict]]:
-    """A factory of fresh iterators over one split of a builder config, generated on the fly (nothing cached).
-
-    `seed` and `size` override the config's seed and the split's size (a datasets config override: another
-    config id, the same generator). The builder instance is made once; each call restarts its generator."""
-    global _CACHE_DIR
-    if _CACHE_DIR is None:  # datasets takes a cache folder even when nothing is built: one per process
-        _CACHE_DIR = tempfile.TemporaryDirectory(prefix="hubgym-mix-")
-    base = next(c for c in builder_cls.BUILDER_CONFIGS if c.name == config)
-    overrides: dict[str, Any] = {}
-    if seed is not None:
-        overrides["seed"] = seed
-    if size is not None:
-        overrides["sizes"] = {**getattr(base, "sizes", {}), split: size}
-    builder = builder_cls(config_name=config, cache_dir=_CACHE_DIR.name, dataset_name=builder_cls.ENV, **overrides)
-    generators = {g.name: g.gen_kwargs for g in builder._split_generators(None)}
-    if split not in generators:
-        raise EnvContractError(f"env {builder_cls.ENV!r} config {config!r} has no split {split!r}",
-                               Where(env=builder_cls.ENV, config=config, split=split),
-                               f"choose one of its splits: {', '.join(generators)}")
-    kwargs = generators[split]
-    return lambda: (row for _, row in builder._generate_examples(**kwargs))
-
-
-def hub_rows(ref: str, config: str | None, split: str, *, hub: str | None, trust: bool,
-             pin: str | None) -> tuple[Any, Callable[[], Iterator[dict]]]:
-    """(the loaded HubEnv, a factory of iterators over its split, streamed from the hub's Parquet files)."""
-    from hubgym.hub.load import load_env
-
-    loaded = load_env(ref, trust=trust, pin=pin, config=config, split=split, hub=hub, streaming=True)
-    return loaded, lambda: iter(loaded.tasks)

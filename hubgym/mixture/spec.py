@@ -143,7 +143,7 @@ def spec_digest(spec: MixSpec) -> str:
 def expand(spec: MixSpec, listing: Any) -> list[EnvConfig]:
     """Every env config the spec selects, each with its weight (summed over entries, times its tag weights).
 
-    `listing` is a `hubgym.mixture.listing.Listing` (the catalog: built-ins, entry points, families)."""
+    `listing` is a `hubgym.envs.listing.Listing` (the catalog: built-ins, entry points, families)."""
     found: dict[str, dict[str, Any]] = {}
     for entry in spec.envs:
         for picked in _select(entry, listing):

@@ -30,9 +30,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from hubgym.envs import OpenedEnv, open_env, resolve_env
 from hubgym.errors import EnvContractError, Where
 from hubgym.mixture.filters import MAX_REJECTIONS, TaskFilter
-from hubgym.mixture.sources import BLOCK_ROWS, MAX_OPEN, Position, SourcePool, builder_rows, hub_rows
+from hubgym.mixture.sources import BLOCK_ROWS, MAX_OPEN, Position, SourcePool
 from hubgym.mixture.spec import EnvConfig, MixSpec, expand
 
 __all__ = ["Drawn", "Mixture"]
@@ -46,17 +47,6 @@ class Drawn:
 
     env: EnvConfig
     task: dict
-
-
-@dataclass
-class Opened:
-    """What opening an env config resolved: the env name rows carry, its config, verifier and hub provenance."""
-
-    env: str
-    config: str
-    verifier: Any
-    repo: str | None = None
-    revision: str | None = None
 
 
 class Mixture:
@@ -74,8 +64,7 @@ class Mixture:
         self._cumulative = list(itertools.accumulate(e.weight for e in envs))
         self._pool = SourcePool(self._opener, seed, max_open=max_open, block=block, block_of=self._block_of)
         self._block = block
-        self._opened: dict[str, Opened] = {}
-        self._hub_envs: dict[str, Any] = {}
+        self._opened: dict[str, OpenedEnv] = {}
         self._factories: OrderedDict[str, Any] = OrderedDict()
         self.draws = 0
         self.positions: dict[str, Position] = {}
@@ -84,7 +73,7 @@ class Mixture:
     def from_spec(cls, spec: MixSpec, *, split: str, seed: int = 0, listing: Any = None, **options: Any) -> Mixture:
         """Expand a spec through the listing (default: the catalog) and make its stream."""
         if listing is None:
-            from hubgym.mixture.listing import listing as catalog
+            from hubgym.envs.listing import listing as catalog
 
             listing = catalog()
         return cls(expand(spec, listing), split=split, seed=seed, listing=listing, **options)
@@ -163,16 +152,11 @@ class Mixture:
 
     # -- opening env configs ---------------------------------------------------------------------
 
-    def opened(self, env: EnvConfig) -> Opened:
-        """The env name, config and verifier of an env config (its verifier loaded now, once)."""
+    def opened(self, env: EnvConfig) -> OpenedEnv:
+        """An env config, opened (hubgym.envs.open_env: its verifier loaded now, once; no row generated)."""
         if env.key not in self._opened:
-            if env.source == "hub":
-                loaded = self._hub_env(env)
-                self._opened[env.key] = Opened(loaded.env, loaded.config, loaded.verifier, loaded.repo,
-                                               loaded.revision)
-            else:
-                builder = self._builder(env)
-                self._opened[env.key] = Opened(builder.ENV, str(env.config), builder.verifier())
+            spec = env.ref if env.source == "hub" else self._builder(env)
+            self._opened[env.key] = open_env(spec, env.config, hub=self._hub, trust=self._trust, pins=self._pins)
         return self._opened[env.key]
 
     def weights_by_env(self) -> dict[str, float]:
@@ -198,15 +182,7 @@ class Mixture:
     def _builder(self, env: EnvConfig):
         if self._listing is not None:
             return self._listing.builder(env.ref)
-        from hubgym.builders.registry import resolve_env
-
         return resolve_env(env.ref)
-
-    def _hub_env(self, env: EnvConfig):
-        if env.key not in self._hub_envs:
-            self._hub_envs[env.key] = hub_rows(env.ref, env.config, self.split, hub=self._hub, trust=self._trust,
-                                               pin=self._pins.get(env.ref.split("@")[0]))
-        return self._hub_envs[env.key][0]
 
     def _block_of(self, env: EnvConfig) -> int:
         """Rows shuffled together: none for a builder whose rows are random draws already (its class says so),
@@ -217,13 +193,12 @@ class Mixture:
 
     def _opener(self, env: EnvConfig):
         if env.source == "hub":
-            self._hub_env(env)
-            return self._hub_envs[env.key][1]
+            return self.opened(env).rows(self.split)
         # A builder instance takes ~2 ms to make and ~4 KB to keep: kept for FACTORIES_PER_OPEN x max_open env
         # configs (an LRU of its own), so reopening an evicted source pays only its skip.
         factory = self._factories.pop(env.key, None)
         if factory is None:
-            factory = builder_rows(self._builder(env), str(env.config), self.split, env.seed, env.size)
+            factory = self.opened(env).rows(self.split, seed=env.seed, size=env.size)
         self._factories[env.key] = factory
         while len(self._factories) > FACTORIES_PER_OPEN * self._pool.max_open:
             self._factories.popitem(last=False)

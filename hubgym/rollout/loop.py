@@ -76,7 +76,7 @@ async def run_group(task: Task, n: int, ctx: LoopContext) -> list[Trajectory]:
             prompt += [user(observation)] if observation else []
         except Exception as exc:  # the env failed before any generation: recorded on every row of the group
             failed = {"boundary": "env", "type": type(exc).__name__, "message": str(exc)[:2000]}
-    toolboxes = [make_toolbox(spec["tools"], task) if spec["tools"] else None for _ in range(n)]
+    toolboxes = [make_toolbox(spec["tools"], task, ctx.verifier.tools) if spec["tools"] else None for _ in range(n)]
     tools = toolboxes[0].schemas() if toolboxes[0] else None
     prompt_ids = ctx.renderer.prompt_ids(prompt, tools) if ctx.engine.token_in else []
     trajs = [Trajectory(task, i, prompt, TokenRecord(list(prompt_ids)), toolboxes[i], state) for i in range(n)]

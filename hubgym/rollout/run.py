@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
-from hubgym.resolve import EnvTasks, load_env_tasks
+from hubgym.envs import OpenedEnv, open_env
 from hubgym.rollout.engines import Engine, SamplingArgs
 from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
@@ -271,14 +271,16 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                       time.perf_counter() - started, stats["tokens"])
 
 
-def load_run_envs(config: RolloutConfig) -> list[EnvTasks]:
-    """The run's tasks by env: each `envs` spec's split (up to `limit`), or `tasks` draws of the `mix` spec."""
+def load_run_envs(config: RolloutConfig) -> list[OpenedEnv]:
+    """The run's envs, each with its tasks: each `envs` spec's split (up to `limit`), or `tasks` draws of the `mix`
+    spec (grouped by env config)."""
     if config.mix is None:
-        return [load_env_tasks(spec, config.split, config.limit, hub=config.hub, trust=config.trust, pins=config.pins)
-                for spec in config.envs]
+        envs = [open_env(spec, hub=config.hub, trust=config.trust, pins=config.pins) for spec in config.envs]
+        for env in envs:
+            env.take(config.split, config.limit)
+        return envs
     from hubgym.errors import EnvContractError, Where
     from hubgym.mixture import Mixture, load_spec
-    from hubgym.resolve import check_task_tools
 
     if config.envs or not config.tasks:
         raise EnvContractError(f"a mixture run draws `tasks` tasks from its spec and names no envs (envs="
@@ -286,16 +288,13 @@ def load_run_envs(config: RolloutConfig) -> list[EnvTasks]:
                                "give --mix SPEC with --tasks N, or ENV[:CONFIG]... without --mix")
     mixture = Mixture.from_spec(load_spec(config.mix), split=config.split, seed=config.sampling.seed, hub=config.hub,
                                 trust=config.trust, pins=config.pins)
-    by_key: dict[str, EnvTasks] = {}
+    by_key: dict[str, OpenedEnv] = {}
     for drawn in mixture.take(config.tasks):
-        if drawn.env.key not in by_key:
-            opened = mixture.opened(drawn.env)
-            by_key[drawn.env.key] = EnvTasks(opened.env, opened.config, opened.verifier, [], opened.repo,
-                                             opened.revision)
-        by_key[drawn.env.key].tasks.append(drawn.task)
+        env = by_key.setdefault(drawn.env.key, mixture.opened(drawn.env))
+        env.tasks = [*(env.tasks or []), drawn.task]
     mixture.close()
     for env in by_key.values():
-        check_task_tools(env.tasks, Where(env.env, env.config, config.split))
+        env.check_tools(env.tasks, config.split)
     return list(by_key.values())
 
 
@@ -355,9 +354,7 @@ def _manifest(config, run_id, envs, engine, renderer, writer) -> dict[str, Any]:
         "model": config.model, "policy_version": config.policy_version, "sampling": config.recorded_sampling(),
         "engine": engine.name, "engine_version": engine.version,
         "chat_template_sha256": renderer.template_sha256 if renderer else None,
-        "envs": {e.env: {"config": e.config, "tasks": len(e.tasks), "verifier_module": e.verifier.name,
-                         "verifier_sha256": e.verifier.sha256, "env_repo": e.repo, "env_revision": e.revision}
-                 for e in envs},
+        "envs": {e.env: {**e.provenance(), "tasks": len(e.tasks)} for e in envs},
         "split": config.split, "n": config.n, "rows": writer.rows_written,
         "shards": [p.name for p in writer.shards()], "shard_files": writer.shard_files(),  # rows + sha256 each
         "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),

@@ -295,7 +295,8 @@ class TokenAudit:
         return self.index is None
 
 
-def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] | None = None) -> TokenAudit:
+def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] | None = None,
+                 own: Any = None) -> TokenAudit:
     """Check that the stored ids say what the stored messages say. Two parts:
 
     1. The stored ids, decoded, read as the chat template's rendering of the messages, each assistant turn
@@ -309,13 +310,14 @@ def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] 
 
     An incomplete character at the end of a reply (the engine's detokenizer holds such bytes back) is no
     difference. `tools`: the tool schemas the loop rendered; by default made from the row's tool names, as
-    the loop made them. The first stored token that does not match is reported.
+    the loop made them (`own`: the env's own tools, an EnvTools, looked up first). The first stored token that
+    does not match is reported.
     """
     ids = list(row["prompt_ids"]) + list(row["completion_ids"])
     if not ids:
         return TokenAudit(0)
     renderer = renderer.for_row(row)
-    tools = tools if tools is not None else _tools(row)
+    tools = tools if tools is not None else _tools(row, own)
     runs = _sampled_runs(row)
     replies = [_decode(renderer, _reply_ids(ids[a:b], renderer)) for a, b in runs]
     messages, turns = list(row["prompt"]) + list(row["completion"]), _assistant_turns(row)
@@ -392,15 +394,16 @@ def _call_key(call: dict[str, Any]) -> str:
     return f"{call['name']}({arguments})"
 
 
-def _tools(row: dict[str, Any]) -> list[dict] | None:
-    """The tool schemas the loop rendered into the prompt."""
+def _tools(row: dict[str, Any], own: Any = None) -> list[dict] | None:
+    """The tool schemas the loop rendered into the prompt (`own`: the env's own tools, looked up first)."""
     if not row["interaction"]["tools"]:
         return None
+    from hubgym.tools.modules import NO_TOOLS
     from hubgym.tools.registry import make_toolbox
 
     task = {"id": row["task_id"], "env": row["env"], "prompt": row["prompt"], "info": row["info"],
             "interaction": row["interaction"]}
-    return make_toolbox(row["interaction"]["tools"], task).schemas()
+    return make_toolbox(row["interaction"]["tools"], task, own or NO_TOOLS).schemas()
 
 
 def _decode(renderer: ChatRenderer, ids: list[int]) -> str:

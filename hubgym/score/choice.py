@@ -14,18 +14,19 @@ runs once, before any row is scored.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from hubgym.errors import RescoreError, VerifierLoadError, Where
-from hubgym.resolve import hub_verifier, stored_env_verifier
+from hubgym.envs.open import open_env
+from hubgym.envs.pins import PinArg, parse_pins
+from hubgym.envs.refs import ENV_NAME
+from hubgym.envs.stored import stored_env_verifier
 from hubgym.verifiers.contract import Verifier, load_verifier
 
 VerifierArg = str | Mapping[str, str] | Sequence[str] | None
-_ENV_NAME = re.compile(r"[A-Za-z0-9_\-]+")
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,14 @@ class VerifierSpec:
     path: str  # source file, imported from when `module` is not importable (a user's .py file)
     sha256: str
     origin: str  # "registry", "module" or the hub env "org/name@<commit>"
+    tools_path: str = ""  # the env's own tools module (a file), loaded beside the verifier; "" when it has none
+    tools_sha256: str = ""
 
     @classmethod
     def of(cls, verifier: Verifier, env: str, origin: str) -> "VerifierSpec":
-        return cls(env, verifier.name, str(verifier.source_path), verifier.sha256, origin)
+        tools = verifier.tools
+        return cls(env, verifier.name, str(verifier.source_path), verifier.sha256, origin,
+                   str(tools.path) if tools else "", tools.sha256 if tools else "")
 
 
 @lru_cache(maxsize=128)
@@ -55,6 +60,13 @@ def load_spec(spec: VerifierSpec) -> Verifier:
         raise VerifierLoadError(f"verifier {spec.module} changed while re-scoring (sha256 {verifier.sha256[:12]}, "
                                 f"chosen as {spec.sha256[:12]})", Where(env=spec.env, field=spec.path),
                                 "do not edit a verifier while a re-score runs; run it again")
+    if spec.tools_path:
+        from hubgym.tools.modules import load_tools
+
+        verifier.tools = load_tools(spec.tools_path, env=spec.env)
+        if verifier.tools.sha256 != spec.tools_sha256:
+            raise VerifierLoadError(f"the tools module {spec.tools_path} changed while re-scoring",
+                                    Where(env=spec.env, field=spec.tools_path), "run it again")
     return verifier
 
 
@@ -67,7 +79,7 @@ def parse_verifier_arg(verifier: VerifierArg) -> dict[str | None, str]:
     parsed: dict[str | None, str] = {}
     for item in [verifier] if isinstance(verifier, str) else verifier:
         env, sep, module = str(item).partition("=")
-        if not sep or not _ENV_NAME.fullmatch(env):
+        if not sep or not ENV_NAME.fullmatch(env):
             env, module = None, str(item)
         if env in parsed:
             raise RescoreError(f"two verifiers given for {'the same env ' + repr(env) if env else 'no env'} "
@@ -77,7 +89,6 @@ def parse_verifier_arg(verifier: VerifierArg) -> dict[str | None, str]:
 
 
 RevisionArg = str | Sequence[str] | None
-PinArg = str | Mapping[str, str] | Sequence[str] | None
 
 
 class VerifierChoice:
@@ -95,7 +106,8 @@ class VerifierChoice:
         pins = parse_pins(pin, revisions)
         self.hub_envs: dict[str, tuple[Verifier, str, str]] = {}  # env -> (verifier, org/name@<commit>, as given)
         for ref in revisions:
-            env, loaded, pinned = hub_verifier(ref, trust=trust, pin=pins.get(ref.split("@")[0]), hub=hub)
+            opened = open_env(ref, hub=hub, trust=trust, pins=pins)  # its manifest and code only: no task data
+            env, loaded, pinned = opened.env, opened.verifier, opened.pinned_ref
             if env in self.hub_envs or env in self.modules:
                 other = self.hub_envs[env][2] if env in self.hub_envs else f"--verifier {env}={self.modules[env]}"
                 raise RescoreError(f"two verifiers given for env {env!r}: --env-revision {ref} and {other}; give one "
@@ -132,24 +144,6 @@ class VerifierChoice:
                                    f"{bound[0]}={self.modules[None]} (other envs keep their current verifier)")
             return VerifierSpec.of(_load_module(self.modules[None], env), env, "module")
         return VerifierSpec.of(stored_env_verifier(env), env, "registry")
-
-
-def parse_pins(pin: PinArg, revisions: Sequence[str]) -> dict[str, str]:
-    """`REPO=sha256:<hex>` (repeatable) or {repo: pin} -> {repo: pin}; a bare `sha256:<hex>` pins the one revision."""
-    if pin is None:
-        return {}
-    if isinstance(pin, Mapping):
-        return {str(repo).split("@")[0]: str(value) for repo, value in pin.items()}
-    pins: dict[str, str] = {}
-    for item in [pin] if isinstance(pin, str) else pin:
-        repo, sep, value = str(item).partition("=")
-        if not sep:
-            if len(revisions) != 1:
-                raise RescoreError(f"--pin {item} names no repo, and {len(revisions)} env revisions are given; write "
-                                   f"--pin REPO=sha256:<hex> for each")
-            repo, value = revisions[0], str(item)
-        pins[repo.split("@")[0]] = value
-    return pins
 
 
 def _load_module(ref: str, env: str) -> Verifier:

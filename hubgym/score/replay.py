@@ -105,7 +105,7 @@ def replay_rollout(row: dict[str, Any], verifier: Verifier, renderer: Any = None
                                     "replay it with the env's own verifier (leave out --verifier, or name that one)")
         result.divergence, result.steps = replay_dynamics(row, verifier)
     if renderer is not None:
-        result.audit = audit_tokens(row, renderer)
+        result.audit = audit_tokens(row, renderer, verifier.tools)
     return result
 
 
@@ -188,10 +188,11 @@ def _same(stored: float | None, replayed: float) -> bool:
 # ---- tokens -----------------------------------------------------------------------------------------------------
 
 
-def audit_tokens(row: dict[str, Any], tokenizer_or_renderer: Any) -> TokenAudit:
+def audit_tokens(row: dict[str, Any], tokenizer_or_renderer: Any, own_tools: Any = None) -> TokenAudit:
     """The token audit of one row: `hubgym.rollout.tokens.audit_tokens`, the very check the rollout writer
-    records as `tokens_consistent`, with a tokenizer, a renderer or a model folder."""
-    return audit_row(row, as_renderer(tokenizer_or_renderer))
+    records as `tokens_consistent`, with a tokenizer, a renderer or a model folder (`own_tools`: the env's
+    own tools, an EnvTools, whose schemas the loop rendered)."""
+    return audit_row(row, as_renderer(tokenizer_or_renderer), own=own_tools)
 
 
 def as_renderer(tokenizer_or_renderer: Any) -> ChatRenderer:

@@ -169,7 +169,7 @@ def verifier_threshold(env: str, rollout_id: str | None = None) -> float:
     """The SUCCESS_THRESHOLD of the verifier of a built-in or installed env that rows name (never code that the
     rows choose: hubgym.resolve refuses anything else, saying how to choose)."""
     from hubgym.errors import EnvNotFoundError
-    from hubgym.resolve import stored_env_verifier
+    from hubgym.envs import stored_env_verifier
 
     try:
         return stored_env_verifier(env, Where(env=env, row=rollout_id, field="reward")).success_threshold
@@ -213,7 +213,7 @@ def env_summary(tasks: pl.DataFrame) -> pl.DataFrame:
 
 
 def check_tasks(stats: TaskStats, envs: Iterable[Any], split: str) -> None:
-    """Every task id of the stats that names one of `envs` (hubgym.resolve.EnvTasks, loaded by the caller) is a task
+    """Every task id of the stats that names one of `envs` (hubgym.envs.OpenedEnv, opened by the caller) is a task
     of that env; else an EnvContractError naming env, config(s), split, the row and field `task_id`.
     Envs the stats name but `envs` lacks are not checked."""
     known: dict[str, tuple[set[str], list[str]]] = {}

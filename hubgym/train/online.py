@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 
-from hubgym.errors import RolloutsStopped, ToolNotFoundError
+from hubgym.envs import OpenedEnv
+from hubgym.errors import RolloutsStopped
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.mixture import EnvConfig, MixEntry, Mixture, MixSpec, TaskFilter, parse_spec
 from hubgym.rollout.engines import Engine, SamplingArgs
@@ -46,18 +47,6 @@ from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import ConfigError
 
 EnvsArgument = list[tuple[str, float]] | list[dict[str, Any]] | list[MixEntry]
-
-
-@dataclass
-class MixEnv:
-    """An env config that was drawn: what its rows are scored with and recorded as."""
-
-    env: str
-    config: str
-    verifier: Any
-    repo: str | None
-    revision: str | None
-    spec: str  # the env config's key in the mixture
 
 
 def mixture_spec(envs: EnvsArgument) -> MixSpec:
@@ -113,7 +102,7 @@ class OnlineProducer:
         self._filtered: set[int] = set()  # steps whose rows the task filter has taken in
         self._after: tuple[int, dict[str, Any]] | None = None  # (step, the stream's state after its draw)
 
-    def pick(self, step: int, groups: int) -> list[tuple[MixEnv, dict]]:
+    def pick(self, step: int, groups: int) -> list[tuple[OpenedEnv, dict]]:
         """Tasks for one step: `groups` draws of the mixture by weight, no task twice in a step.
 
         The draw continues the stream from where step - 1 left it: in memory, or the state stored in step - 1's
@@ -126,9 +115,8 @@ class OnlineProducer:
         picks = []
         for d in drawn:
             opened = self.mixture.opened(d.env)
-            _check_tools_exist(d.task, opened.env, opened.config, self.split)
-            picks.append((MixEnv(opened.env, opened.config, opened.verifier, opened.repo, opened.revision, d.env.key),
-                          d.task))
+            opened.check_tools([d.task], self.split)  # a row offering a tool that resolves nowhere: before sampling
+            picks.append((opened, d.task))
         return picks
 
     def _ready_for(self, step: int) -> None:
@@ -223,9 +211,7 @@ class OnlineProducer:
         rows = shard.rows if shard else []
         envs: dict[str, dict[str, Any]] = {}
         for e, _ in picks:  # the env configs this step drew (a mixture of 1,000 lists only those)
-            envs.setdefault(e.env, {"config": e.config, "tasks": 0, "verifier_module": e.verifier.name,
-                                    "verifier_sha256": e.verifier.sha256, "env_repo": e.repo,
-                                    "env_revision": e.revision})["tasks"] += 1
+            envs.setdefault(e.env, {**e.provenance(), "tasks": 0})["tasks"] += 1
         drawn_step, state = self._after
         writer.write_manifest({"run_id": run_id, "step": step, "policy_version": version, "rows": len(rows),
                                "complete": True, "model": self.model, "sampling": config.recorded_sampling(),
@@ -237,7 +223,7 @@ class OnlineProducer:
     async def _sample(self, engine, renderer, config: RolloutConfig, run_id: str,
                       picks) -> list[dict[str, Any]] | None:
         """The picks' groups as rows, in pick order; None if `stop` was set before they were done."""
-        async def one(env: MixEnv, task: dict) -> list[dict[str, Any]]:
+        async def one(env: OpenedEnv, task: dict) -> list[dict[str, Any]]:
             ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
             trajs = await run_group(task, config.n, ctx)
             return [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
@@ -283,15 +269,3 @@ class _ToolsOffered:
     @property
     def tasks(self) -> list[dict[str, Any]]:
         return [{"interaction": {"tools": list(self.config.tools)}}]
-
-
-def _check_tools_exist(task: dict[str, Any], env: str, config: str, split: str) -> None:
-    """A drawn row offering a tool the registry does not know: refused before anything is sampled."""
-    from hubgym.errors import Where
-    from hubgym.tools.registry import get_tool
-
-    for name in task["interaction"]["tools"] or []:
-        try:
-            get_tool(name)
-        except ToolNotFoundError as exc:
-            raise ToolNotFoundError(f"{exc} [{Where(env, config, split, task['id'], 'interaction.tools')}]") from None

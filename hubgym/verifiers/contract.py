@@ -37,13 +37,13 @@ import importlib.util
 import inspect
 import math
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
 from hubgym.errors import VerifierLoadError, Where
+from hubgym.fileio import import_source
 from hubgym.schemas.messages import Message, user
 from hubgym.schemas.rollouts import RowError
 from hubgym.schemas.tasks import Task
@@ -132,10 +132,16 @@ def stored_step_rewards(metrics: list[dict] | None) -> dict[int, float] | None:
 
 
 class Verifier:
-    """A loaded, validated verifier module."""
+    """A loaded, validated verifier module, with the env's own tools (`tools`: an EnvTools, empty unless the env
+    ships a tools module). The tools travel with the verifier because both are the env's code, loaded together
+    under one pin: the rollout loop and the token audit resolve a row's tool names in them first."""
 
     def __init__(self, module: ModuleType, env: str | None = None, *, source: bytes | None = None):
+        from hubgym.tools.modules import NO_TOOLS
+
         self.module = module
+        self.tools = NO_TOOLS
+        self.code_sha256 = ""  # a hub env's pin: the sha256 over its code files (hubgym.hub.trust.code_sha256)
         self.name = module.__name__
         self.env = env
         self.source_path = Path(inspect.getsourcefile(module) or "")
@@ -278,7 +284,7 @@ def load_verifier(ref: str | ModuleType, *, relative_to: Path | None = None, env
         except OSError as exc:  # a path from the command line: missing, a folder, unreadable
             raise VerifierLoadError(f"verifier {ref} cannot be read ({type(exc).__name__}: {exc.strerror or exc})",
                                     Where(env=env, field=ref), _LOAD_FIX) from None
-        return Verifier(_import_source(path, source), env, source=source)
+        return Verifier(import_source(path, source), env, source=source)
     try:
         module = importlib.import_module(ref)
     except ModuleNotFoundError as exc:
@@ -289,22 +295,3 @@ def load_verifier(ref: str | ModuleType, *, relative_to: Path | None = None, env
 
 
 _LOAD_FIX = "give the path of a verifier .py file, or the import name of an installed verifier module"
-
-
-def _import_source(path: Path, source: bytes) -> ModuleType:
-    """Run `source` as the module of file `path`, under a name derived from the path and the bytes (stable,
-    collision-free: the same file with other contents is another module)."""
-    digest = hashlib.sha256(str(path).encode() + b"\0" + source).hexdigest()[:16]
-    name = f"hubgym_user_{path.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    code = compile(source, str(path), "exec")  # a SyntaxError here is the one importing the file would raise
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None, origin=str(path)))
-    module.__file__ = str(path)
-    sys.modules[name] = module
-    try:
-        exec(code, module.__dict__)
-    except BaseException:  # a half-run module must not be found by the next attempt
-        del sys.modules[name]
-        raise
-    return module

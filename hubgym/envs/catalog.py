@@ -7,7 +7,7 @@
 No row is generated and no bridged package imported. Family envs are read from each family's shipped index.
 Built-ins are read from `builtin_catalog.json` beside this module while the sha256 of their builder module
 still matches (else from the class: a stale index costs speed, never truth), so listing them does not import
-datasets; `python -m hubgym.catalog` regenerates it. Entry points are read from their builder classes. A
+datasets; `python -m hubgym.envs.catalog` regenerates it. Entry points are read from their builder classes. A
 builder or family that fails to load is one row holding the error, never the end of the listing.
 """
 
@@ -162,8 +162,10 @@ def _builder_module_sha256(name: str) -> str | None:
 
 
 def _builder_entry(name: str, source: str) -> EnvEntry:
+    from hubgym.envs.open import resolve_env
+
     try:
-        return describe(registry.resolve_env(name), name, source)
+        return describe(resolve_env(name), name, source)
     except Exception as exc:  # one broken env must not hide the catalog
         return EnvEntry(name=name, source=source, error=f"{type(exc).__name__}: {exc}")
 
@@ -202,6 +204,6 @@ def count_rows(path: Path) -> int:
         return sum(batch.num_rows for batch in pa.ipc.open_stream(source))
 
 
-if __name__ == "__main__":  # python -m hubgym.catalog: regenerate the built-ins' index after changing a builder
+if __name__ == "__main__":  # python -m hubgym.envs.catalog: regenerate the built-ins' index after changing a builder
     write_builtin_index()
     print(f"wrote {BUILTIN_INDEX}")

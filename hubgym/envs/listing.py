@@ -1,13 +1,12 @@
-"""The catalog a mixture selects from: built-in envs, installed entry points and env families, by name, family
-(source) and tag, listed without generating a task.
+"""The catalog as a mixture selects from it: envs by name, family (source) and tag, with their builders on demand.
 
-    lst = listing()                                  # built-ins + entry points + every registered family
+    lst = listing()                                  # the catalog's rows (hubgym.envs.catalog), loaded ones only
     lst.by_tag("math"); lst.by_source("reasoning_gym"); lst.builder("arithmetic")
     Listing([...FamilyEnv rows...], builders={"fake_0": lambda: FakeBuilder})   # tests: any rows, any builders
 
-Built-ins and entry points are described from their builder classes (importing a module, generating nothing);
-a family's rows come from its shipped index (`FAMILY.entries()`), and its builder is asked for only when a
-task of that env is drawn.
+The rows are `catalog()`'s (one enumeration of every known env: built-ins from their shipped index, entry
+points from their builder classes, families from their shipped indexes); a builder is resolved only when a
+task of that env is drawn, or when a spec names an env the catalog does not list (a folder, a versioned id).
 """
 
 from __future__ import annotations
@@ -17,7 +16,8 @@ from typing import Callable
 
 from hubgym.builders.base import TaskBuilder
 from hubgym.builders.families import FamilyEnv
-from hubgym.builders.registry import env_names, resolve_env
+from hubgym.envs.open import resolve_env
+from hubgym.envs.refs import parse_ref
 
 __all__ = ["Listed", "Listing", "listing"]
 
@@ -50,11 +50,9 @@ class Listing:
     def find(self, ref: str) -> Listed | None:
         """A listed env by name; else a folder, `.py` file, versioned id or entry point resolved to its builder
         (EnvNotFoundError naming it when nothing is); None for a hub ref `org/name[@rev]` (opened lazily)."""
-        from hubgym.resolve import is_hub_ref
-
         if ref in self._rows:
             return self._rows[ref]
-        if is_hub_ref(ref):
+        if parse_ref(ref).kind == "hub":
             return None
         builder = resolve_env(ref)  # raises EnvNotFoundError naming the ref and the known envs
         self._resolved[ref] = builder
@@ -93,23 +91,17 @@ def _kind_tools(kind: str) -> tuple[str, ...]:
 
 
 def listing() -> Listing:
-    """Built-ins and entry points (builder modules imported, nothing generated), then every registered family's
-    rows from its shipped index (its package imported only when one of its envs is drawn). A family whose index
-    fails to load is left out (`hubgym envs` shows its error); naming one of its envs then fails as the registry
-    fails."""
-    from hubgym.builders import registry
+    """The catalog's rows (nothing generated; a family's package imported only when one of its envs is drawn). A
+    row the catalog could not load is left out (`hubgym envs` shows its error); naming that env then fails as
+    resolving it fails."""
+    from hubgym.envs.catalog import catalog
 
-    rows, builders, tools = [], {}, {}
-    for name in registry.env_names(source=registry.BUILTIN) + registry.env_names(source=registry.ENTRY_POINT):
-        try:
-            builder = resolve_env(name)
-        except Exception:  # noqa: BLE001 - one broken entry point must not hide the others (as `hubgym envs`)
+    rows, tools = [], {}
+    for entry in catalog():
+        if entry.error:
             continue
-        described = _describe(builder, name)
-        rows.append(FamilyEnv(name, described.kind, described.configs, described.tags, BUILTIN_SOURCE, ""))
-        builders[name], tools[name] = (lambda b=builder: b), described.tools
-    for family in registry.FAMILIES:
-        for entry in registry.family_entries_or_none(family) or []:
-            rows.append(entry)
-            builders[entry.name] = lambda n=entry.name: resolve_env(n)  # the registry asks the family, once
-    return Listing(rows, builders, tools)
+        rows.append(FamilyEnv(entry.name, entry.kind, tuple(entry.configs), tuple(entry.tags), entry.source, ""))
+        if entry.tools:
+            tools[entry.name] = tuple(entry.tools)
+    return Listing(rows, {}, tools)
+

@@ -24,15 +24,15 @@ import pyarrow.parquet as pq
 
 from hubgym import __version__
 from hubgym.builders.base import TaskBuilder
-from hubgym.builders.registry import resolve_env
+from hubgym.envs.open import resolve_env
 from hubgym.errors import EnvContractError, Where
 from hubgym.hub.base import FileSource, HubBackend, get_hub, hub_argument
 from hubgym.hub.card import render_card
 from hubgym.hub.manifest import (
-    CARD_FILE, FORMAT, GOLDEN_FILE, MANIFEST_FILE, VERIFIER_FILE, data_path, dumps,
+    CARD_FILE, FORMAT, GOLDEN_FILE, MANIFEST_FILE, TOOLS_FILE, VERIFIER_FILE, data_path, dumps,
 )
 from hubgym.hub.names import check_name, check_repo_id
-from hubgym.hub.trust import pin_hints
+from hubgym.hub.trust import code_sha256, pin_hints
 from hubgym.schemas.version import SCHEMA_VERSION
 
 _BASE_CONFIG_FIELDS = {"name", "version", "data_dir", "data_files", "description"}
@@ -53,9 +53,9 @@ class PushResult:
         return f"{self.repo}@{self.revision}"
 
     def load_hints(self) -> tuple[str, str]:
-        """How to load exactly this revision with its verifier pinned: the `hubgym.load_env(...)` call, and the
+        """How to load exactly this revision with its code pinned: the `hubgym.load_env(...)` call, and the
         options of `hubgym rollout` / `hubgym score` (both name the hub unless it is the default one)."""
-        return pin_hints(self.ref, self.manifest["verifier"]["sha256"], self.hub)
+        return pin_hints(self.ref, self.manifest["code"]["sha256"], self.hub)
 
 
 @dataclass
@@ -100,10 +100,9 @@ def stage_env(cls: type[TaskBuilder], repo: str, names: list[str], overrides: di
     built = {name: _materialize(cls, name, overrides, tmp) for name in names}
     verifier = cls.verifier()
     files: dict[str, FileSource] = {p: f for b in built.values() for p, f in b.files.items()}
-    files[VERIFIER_FILE] = source = verifier.source_path.read_bytes()
-    if hashlib.sha256(source).hexdigest() != verifier.sha256:
-        raise EnvContractError(f"{verifier.source_path.name} changed on disk since it was imported",
-                               Where(cls.ENV, field="VERIFIER"), "push from a fresh process")
+    files[VERIFIER_FILE] = _code_file(verifier.source_path, verifier.sha256, cls.ENV, "VERIFIER")
+    if verifier.tools:
+        files[TOOLS_FILE] = _code_file(verifier.tools.path, verifier.tools.sha256, cls.ENV, "TOOLS_MODULE")
     golden = cls.source_dir() / cls.GOLDEN
     if golden.is_file():
         files[GOLDEN_FILE] = golden.read_bytes()
@@ -111,6 +110,15 @@ def stage_env(cls: type[TaskBuilder], repo: str, names: list[str], overrides: di
     files[MANIFEST_FILE] = dumps(manifest)
     files[CARD_FILE] = render_card(manifest, repo, built[names[0]].first, cls.__doc__).encode()
     return files, manifest
+
+
+def _code_file(path: Path | None, sha256: str, env: str, field: str) -> bytes:
+    """The bytes of a code file that was imported, refused when they are not the bytes that ran."""
+    source = path.read_bytes() if path is not None and path.is_file() else b""
+    if hashlib.sha256(source).hexdigest() != sha256:
+        raise EnvContractError(f"{path} changed on disk since it was imported (or cannot be read)",
+                               Where(env, field=field), "push from a fresh process")
+    return source
 
 
 def _materialize(cls: type[TaskBuilder], name: str, overrides: dict, tmp: Path) -> _Built:
@@ -158,6 +166,7 @@ def _first_row(shard: Path) -> dict | None:
 
 def _manifest(cls: type[TaskBuilder], verifier, built: dict[str, _Built], has_golden: bool) -> dict:
     first = next((b.first for b in built.values() if b.first is not None), None)
+    code = {VERIFIER_FILE: verifier.sha256, **({TOOLS_FILE: verifier.tools.sha256} if verifier.tools else {})}
     return {
         "format": FORMAT, "schema_version": SCHEMA_VERSION, "hubgym_version": __version__,
         "env": cls.ENV, "env_version": cls.ENV_VERSION, "env_id": cls.env_id(), "kind": cls.KIND,
@@ -169,6 +178,9 @@ def _manifest(cls: type[TaskBuilder], verifier, built: dict[str, _Built], has_go
             "reward_range": list(verifier.reward_range), "success_threshold": verifier.success_threshold,
             "multi_turn": verifier.multi_turn,
         },
+        "tools_module": ({"path": TOOLS_FILE, "module": verifier.tools.module, "sha256": verifier.tools.sha256}
+                         if verifier.tools else None),
+        "code": {"files": code, "sha256": code_sha256(code)},
         "golden": GOLDEN_FILE if has_golden else None,
         "interaction": first["interaction"] if first else None,
         "default_config": next(iter(built)),
