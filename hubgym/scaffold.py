@@ -3,8 +3,9 @@
     scaffold_env("my_env", Path("envs"), kind="multi_turn")
     # -> envs/my_env/{builder.py, verifier.py, golden.jsonl, README.md, test_env.py}
 
-Each kind has its own example: single_turn adds two numbers, tool_use multiplies with the calculator
-tool, multi_turn is a higher/lower guessing game driven by the verifier's reset/step. The files come
+Each kind has its own example: single_turn adds two numbers, tool_use converts lengths with a tool of
+its own (`tools.py`, shipped with the env), multi_turn is a higher/lower guessing game driven by the
+verifier's reset/step. The files come
 from `hubgym/templates/env/<kind>/*.tmpl` and the shared `hubgym/templates/env/*.tmpl`
 (`string.Template`, `${name}` placeholders). The folder is written next to its final place and
 renamed into it, so a failure leaves nothing half-made.
@@ -31,11 +32,13 @@ KIND_TEXT: dict[str, dict[str, str]] = {  # what the shared README says about ea
         "edit": "Change the reward functions in `verifier.py`: pure (no network, no file writes, no global\n"
                 "   state), `def name(task, completion) -> float`; weight 0 makes a metric."},
     "tool_use": {
-        "summary": "multiply two numbers, calling the `calculator` tool",
-        "verifier": "pure reward functions and `REWARD_RANGE`; the rows' `tool_rewards` add per-call shaping",
-        "edit": "Change the reward functions in `verifier.py` (pure, `def name(task, completion) -> float`)\n"
-                "   and the tools the rows offer (`TOOLS` and `interaction(tools=...)`: names from hubgym's tool\n"
-                "   registry); `REWARD_RANGE` must bound the reward plus the shaping."},
+        "summary": "convert a length between units, calling the env's own `convert` tool (`tools.py`)",
+        "verifier": "pure reward functions, `REWARD_RANGE` and `SUCCESS_THRESHOLD`; the rows' `tool_rewards` "
+                    "add per-call shaping",
+        "edit": "Change the tools in `tools.py` (typed `@hubgym.tool` functions, every parameter described\n"
+                "   under `Args`), the tools the rows offer (`TOOLS` and `interaction(tools=...)`: the env's own\n"
+                "   or hubgym's, e.g. `calculator`) and the rewards in `verifier.py` (pure,\n"
+                "   `def name(task, completion) -> float`); `REWARD_RANGE` must bound the reward plus the shaping."},
     "multi_turn": {
         "summary": "find a secret number from higher/lower hints, one guess per turn",
         "verifier": "the MDP: `reset(task)` and `step(task, state, action)`, plus `REWARDS` and `REWARD_RANGE`",

@@ -14,7 +14,7 @@ import pytest
 
 from hubgym.builders.registry import env_names
 from hubgym.conformance import CHECKS, CheckResult, assert_env_ok, check_env, purity_guard
-from hubgym.conformance.checks import schema_problem
+from hubgym.conformance.tools import schema_problem
 from hubgym.conformance.runner import Context, iter_outcomes
 from hubgym.errors import EnvContractError, ImpureVerifierError
 from hubgym.tools import tool
@@ -58,7 +58,7 @@ def test_every_registered_env_conforms(name, monkeypatch):
 
 def test_check_result_is_a_frozen_record():
     result = check_env(str(ENVS / "baseline"))[0]
-    assert [f.name for f in dataclasses.fields(CheckResult)] == ["env", "check", "ok", "message", "seconds"]
+    assert [f.name for f in dataclasses.fields(CheckResult)] == ["env", "check", "ok", "message", "seconds", "skipped"]
     assert (result.env, result.check, result.ok) == ("baseline", "check_declaration", True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.ok = False  # type: ignore[misc]

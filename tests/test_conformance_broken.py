@@ -53,6 +53,45 @@ BROKEN = {
         "or the time zone [env='reward_reads_the_clock' config='default' split='train' row='{id}' "
         "field='verifier']. Fix: score from the task and the completion only; put any date a reward needs into the "
         "row's info when the builder makes it"),
+    "reward_sometimes_wrong": (
+        "check_scoring_deterministic: scoring {...} twice gave {...}, then {...}; most likely the verifier uses an "
+        "unseeded random generator, the clock, or state kept between calls (it differed in {...} of {...} scorings "
+        "of the same trajectory) [env='reward_sometimes_wrong' config='default' split='{...}' row='{id}' "
+        f"field='verifier']. {SEEDED_FIX}"),
+    "partial_credit_by_identity": (
+        "check_scoring_deterministic: scoring {...} twice gave {...}, then {...}; most likely the verifier uses an "
+        "unseeded random generator, the clock, or state kept between calls (it differed in {...} of {...} scorings "
+        "of the same trajectory) [env='partial_credit_by_identity' config='default' split='{...}' row='{id}' "
+        f"field='verifier']. {SEEDED_FIX}"),
+    "reward_strips_in_place": (
+        "check_scoring_leaves_its_inputs: scoring a reply padded with spaces changed the completion it was given "
+        "([0].content went from '  <answer> 42 </answer>\\n' to '<answer> 42 </answer>'); the rollout loop scores "
+        "all samples of a group with one task object, and a re-score builds each row's anew, so stored rewards would "
+        "depend on the order samples finish and a re-score would not reproduce them [env='reward_strips_in_place' "
+        "config='default' split='train' row='{id}' field='verifier']. Fix: copy what a reward needs to change (e.g. "
+        "dict(task['info'])); never change the task or the messages it receives"),
+    "tool_raises": (
+        "check_tools_run: tool 'spell' (tools.py:spell) failed on every call the checker made with its golden cases' "
+        "arguments (1): RuntimeError: the spelling service is down; a tool that always fails only ever hands the "
+        "model an error [env='tool_raises' field='tools.py:spell']. Fix: fix the tool; raise only for arguments "
+        "that are really wrong (the model gets the message), and give a golden case that calls it as a model should"),
+    "tool_param_undocumented": (
+        "check_tool_schemas: the schema of tool 'spell' (tools.py:spell) has no description for parameter 'sep'; "
+        "most likely the docstring's Args section leaves it out, so the model is told nothing about it "
+        "[env='tool_param_undocumented' field='tools.py:spell(sep)']. Fix: describe it in the docstring: `Args:` "
+        "then `    sep: what it is, e.g. ...`"),
+    "shaping_beyond_range": (
+        "check_reward_range: the row's tool shaping can add 0.3 (spell: 3 calls x 0.1) to the 1.0 that golden case "
+        "'spells, then answers' earns without shaping: a total of 1.3, above REWARD_RANGE (0.0, 1.1); rewards are "
+        "never clamped, so a rollout making every shaped call would store a reward outside the declared range "
+        "[env='shaping_beyond_range' config='default' split='train' row='{id}' field='interaction.tool_rewards']. "
+        "Fix: declare REWARD_RANGE = (0.0, 1.3), or lower the shaping's max_calls or reward"),
+    "observation_cache": (
+        "check_reset_step_deterministic: running {...} on a fresh verifier after the other episodes, in the reverse "
+        "order, gave different observations at step {...} ({...} in the first order, then {...}); most likely reset "
+        "or step caches answers under a key that leaves out part of the task or state, so two tasks at one position "
+        "get one answer [env='observation_cache' {...}]. Fix: key any cache on everything the answer depends on (the "
+        "whole task info and state), or drop it"),
     "bad_feature": (
         "check_schema: the 'train' split declares 'interaction.max_turns' as Value('string'), but the task schema has "
         "Value('int32'); most likely the builder overrides _info [env='bad_feature' config='default' split='train' "
@@ -64,9 +103,10 @@ BROKEN = {
         "row='{id}' field='prompt']. Fix: build rows with hubgym.make_task(...) and messages with "
         "hubgym.user()/assistant()/system(); put extra data inside info"),
     "unknown_tool": (
-        "check_tool_schemas: tool 'no_such_tool' is not in the tool registry (known: {...}) [env='unknown_tool' "
-        "field='TOOLS']. Fix: fix the tool name, or install the package registering it in the 'hubgym.tools' "
-        "entry-point group"),
+        "check_tool_schemas: tool 'no_such_tool' is neither the env's own nor in the tool registry (registry: {...}) "
+        "[env='unknown_tool' field='TOOLS']. Fix: define it with @hubgym.tool in the env's tools.py and set "
+        "TOOLS_MODULE = \"tools.py\" on the builder (it ships with the env); or fix the name; or install a package "
+        "registering it in the 'hubgym.tools' entry-point group"),
     "golden_disagrees": (
         "check_golden_cases: golden case 'upper case counts' scored 0.0, but the golden file declares 1.0 "
         "(components {'correct': 0.0}); most likely the verifier changed what it rewards, or the case is wrong "
@@ -85,8 +125,8 @@ BROKEN = {
         "socket.getaddrinfo '127.0.0.1' 9; most likely it logs to a file, caches on disk or calls a service "
         f"[env='impure_socket' config='default' split='train' row='{{id}}' field='verifier']. {PURE_FIX}"),
     "verifier_raises": (
-        "check_scoring_no_errors: the verifier raised IndexError: list index out of range while scoring the empty "
-        "reply; a verifier exception on well-formed input is a bug (the rollout is dropped from training) "
+        "check_scoring_no_errors: the verifier raised IndexError: list index out of range (at verifier.py:10 in "
+        "correct) while scoring the empty reply; a verifier exception on well-formed input is a bug (the rollout is dropped from training) "
         "[env='verifier_raises' config='default' split='train' row='{id}' field='correct']. Fix: return a low "
         "reward for empty, off-format or wrong replies; raise only for a malformed task row"),
     "reward_out_of_range": (
@@ -98,7 +138,8 @@ BROKEN = {
     "random_metric": (
         "check_scoring_deterministic: scoring the empty reply twice gave reward 0.0 {'correct': 0.0, 'confidence': "
         "{...}}, then reward 0.0 {'correct': 0.0, 'confidence': {...}}; most likely the verifier uses an unseeded "
-        "random generator, the clock, or state kept between calls [env='random_metric' config='default' "
+        "random generator, the clock, or state kept between calls (it differed in {...} of {...} scorings of the "
+        "same trajectory) [env='random_metric' config='default' "
         f"split='train' row='{{id}}' field='verifier']. {SEEDED_FIX}"),
     "nondeterministic_step": (
         "check_reset_step_deterministic: running golden case 'binary search finds it' again gave different "

@@ -76,7 +76,7 @@ def test_missing_repo_revision_manifest_and_pin_over_http(hub):
     push_small(hub)
     with pytest.raises(EnvNotFoundError, match=r"repo 'org/arith' on the hf hub has no revision 'v9'"):
         load_env("org/arith@v9", hub=hub)
-    with pytest.raises(VerifierNotTrustedError, match=r"Its sha256 is [0-9a-f]{64}\. Read .*verifier\.py, then pin"):
+    with pytest.raises(VerifierNotTrustedError, match=r"Its sha256 is [0-9a-f]{64}\. Read verifier\.py in .*, then pin"):
         load_env("org/arith", hub=hub)
     hub.create_repo("org/data")
     hub.commit("org/data", {"README.md": b"# only data\n"}, "no manifest")
@@ -213,12 +213,12 @@ def test_the_refusal_and_the_push_result_name_the_hub_and_work_as_written(hub_sp
     python, cli = result.load_hints()
     assert python == f"hubgym.load_env({result.ref!r}, pin='sha256:{sha}', hub={hub_spec!r})"
     assert cli == f"--pin org/words=sha256:{sha} --hub {hub_spec}"  # what `rollout` and `score` take
-    assert eval(python, {"hubgym": hubgym}).verifier.sha256 == sha  # exactly as printed
+    assert eval(python, {"hubgym": hubgym}).verifier.code_sha256 == sha  # exactly as printed
     with pytest.raises(VerifierNotTrustedError) as refused:
         load_env("org/words", hub=hub_spec)
     advice = re.search(r"then pin it: (hubgym\.load_env\(.*?\)) \(CLI: (.*?)\), or pass trust=True", str(refused.value))
     assert advice.group(2) == cli
-    assert eval(advice.group(1), {"hubgym": hubgym}).verifier.sha256 == sha
+    assert eval(advice.group(1), {"hubgym": hubgym}).verifier.code_sha256 == sha
     monkeypatch.setenv("HUBGYM_HUB", hub_spec)  # the default hub goes unnamed
     assert result.load_hints() == (python, cli)  # (the result keeps the hub it was pushed to)
     with pytest.raises(VerifierNotTrustedError) as unnamed:

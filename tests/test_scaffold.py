@@ -33,7 +33,7 @@ def test_init_makes_an_env_of_each_kind_that_passes_check_and_its_own_tests(tmp_
         made = hubgym("init", f"my_{kind}", "--kind", kind, "--dir", tmp_path)
         assert made.exit_code == 0, made.output
         folder = tmp_path / f"my_{kind}"
-        assert sorted(p.name for p in folder.iterdir()) == FILES
+        assert sorted(p.name for p in folder.iterdir()) == sorted(FILES + ["tools.py"] * (kind == "tool_use"))
         assert f'KIND = "{kind}"' in (folder / "builder.py").read_text()
         failed = [r.message for r in check_env(str(folder)) if not r.ok]
         assert failed == [], kind

@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Iterator
 
 import datasets
 
-from hubgym.errors import EnvContractError, Where
+from hubgym.errors import EnvContractError, VerifierLoadError, Where
 from hubgym.schemas.tasks import TASK_COLUMNS, TASK_FEATURES, Kind, Task
 from hubgym.verifiers.contract import Verifier, load_verifier
 from hubgym.verifiers.golden import GoldenCase, load_golden
@@ -79,7 +79,7 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
 
     def _generate_examples(self, split: str, **kwargs: Any) -> Iterator[tuple[str, Task]]:
         seen: set[str] = set()
-        for row in self.generate_tasks(split, **kwargs):
+        for row in _located(self.generate_tasks(split, **kwargs), Where(self.ENV, self.config.name, split)):
             where = Where(self.ENV, self.config.name, split, row.get("id"))
             _check_row(row, where)
             if row["id"] in seen:
@@ -138,8 +138,30 @@ def _verifier(cls: type[TaskBuilder]) -> Verifier:
     if cls.TOOLS_MODULE:
         from hubgym.tools.modules import load_tools
 
-        verifier.tools = load_tools(cls.TOOLS_MODULE, relative_to=cls.source_dir(), env=cls.ENV)
+        try:
+            verifier.tools = load_tools(cls.TOOLS_MODULE, relative_to=cls.source_dir(), env=cls.ENV)
+        except Exception as exc:
+            raise VerifierLoadError(f"the tools module {cls.TOOLS_MODULE!r} failed to load: {type(exc).__name__}: "
+                                    f"{exc}", Where(cls.ENV, field="TOOLS_MODULE"),
+                                    "fix the tools module (it must import on its own, with @hubgym.tool functions "
+                                    "or ToolSet classes at module level), or the TOOLS_MODULE path") from exc
     return verifier
+
+
+def _located(rows: Iterator[Task], where: Where) -> Iterator[Task]:
+    """`rows`, with the env, config and split added to a row error raised while making them (make_task knows the
+    env and the field, not the config or split)."""
+    while True:
+        try:
+            row = next(rows)
+        except StopIteration:
+            return
+        except EnvContractError as exc:
+            if exc.where.config is None and exc.where.split is None:
+                exc.__init__(exc.what, Where(where.env, where.config, where.split, exc.where.row, exc.where.field),
+                             exc.fix, exc.check)
+            raise
+        yield row
 
 
 def split_seed(seed: int, split: str) -> int:

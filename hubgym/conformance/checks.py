@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any, Callable
 import datasets
 
 from hubgym.builders.clock import CHECK_CLOCKS
-from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, TOL, CheckSkipped, fail, guarded,
-                                      short)
+from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, TOL, CheckSkipped, Sample, fail,
+                                      guarded, short)
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
+from hubgym.conformance.tools import check_tool_schemas, check_tools_run
 from hubgym.envs.refs import ENV_NAME_RULE, env_name_problem
-from hubgym.errors import ToolNotFoundError, Where
+from hubgym.errors import Where
 from hubgym.schemas import KINDS, TASK_FEATURES, Task, task_id, validate_tasks
 from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
 
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from hubgym.conformance.runner import Context
 
 DOC_SECTIONS = ("Task", "Row schema", "Reward", "Arguments", "Version history")
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept
 _PURE_FIX = ("keep scoring pure: read shipped data at import time, keep caches in memory, and return values "
              "instead of writing them (stored rollouts are re-scored anywhere, forever)")
 
@@ -292,59 +292,6 @@ def check_interaction(ctx: Context) -> None:
                          where("interaction.tool_rewards"), "only shape tools listed in interaction.tools")
 
 
-def check_tool_schemas(ctx: Context) -> None:
-    """Every tool the env offers resolves in the tool registry and has a valid OpenAI function schema."""
-    from hubgym.tools.registry import get_tool, tool_names
-
-    offered: dict[str, Where] = {name: ctx.where(field="TOOLS") for name in ctx.builder.TOOLS}
-    for config, split, rows in ctx.splits():
-        for row in rows:
-            for name in row["interaction"]["tools"]:
-                offered.setdefault(name, ctx.where(config, split, row["id"], "interaction.tools"))
-    for name, where in offered.items():
-        try:
-            entry = get_tool(name)
-        except ToolNotFoundError:
-            fail(f"tool {name!r} is not in the tool registry (known: {', '.join(tool_names())})", where,
-                 "fix the tool name, or install the package registering it in the 'hubgym.tools' entry-point group")
-        except Exception as exc:
-            fail(f"tool {name!r} failed to import: {type(exc).__name__}: {exc}", where, "fix the tool's module")
-        for schema in _tool_schemas(entry):
-            problem = schema_problem(schema)
-            if problem:
-                fail(f"the schema of tool {name!r} {problem}", where,
-                     "define tools with @hubgym.tool on a typed function with a docstring (or a ToolSet method)")
-
-
-def _tool_schemas(entry: Any) -> list[dict[str, Any]]:
-    from hubgym.tools.base import Tool, ToolSet
-
-    if isinstance(entry, Tool):
-        return [entry.schema]
-    if isinstance(entry, type) and issubclass(entry, ToolSet):
-        return [t.schema for t in entry.tools()] or [{"type": "function", "function": {"name": entry.__name__}}]
-    return [{"type": type(entry).__name__}]  # neither: reported as a bad schema
-
-
-def schema_problem(schema: dict[str, Any]) -> str | None:
-    """What is wrong with an OpenAI tool schema, as the end of a sentence; None when it is valid."""
-    if schema.get("type") != "function":
-        return f"has type {schema.get('type')!r}, not 'function' (it is not a Tool or a ToolSet with tools)"
-    fn = schema.get("function") or {}
-    if not isinstance(fn.get("name"), str) or not _TOOL_NAME.match(fn["name"]):
-        return f"has name {fn.get('name')!r}; tool names are 1-64 letters, digits, '_' or '-'"
-    if not isinstance(fn.get("description"), str) or not fn["description"].strip():
-        return "has an empty description (the model reads it to decide when to call the tool)"
-    params = fn.get("parameters")
-    if not isinstance(params, dict) or params.get("type") != "object":
-        return f"has parameters {short(params)}, not a JSON-schema object"
-    try:
-        json.dumps(schema)
-    except (TypeError, ValueError) as exc:
-        return f"is not JSON-serializable ({exc})"
-    return None
-
-
 # -- golden cases --------------------------------------------------------------------------------
 
 def check_golden_cases(ctx: Context) -> None:
@@ -424,19 +371,58 @@ def check_reward_range(ctx: Context) -> None:
                  f"{score.components}); most likely REWARD_RANGE leaves out a weighted reward, the step rewards or "
                  f"tool_rewards shaping", ctx.where(sample.config, sample.split, sample.task["id"], "REWARD_RANGE"),
                  "declare REWARD_RANGE = (low, high) bounding the total reward, or rescale the rewards into it")
+    _check_shaping_bound(ctx, lo, hi)
+
+
+def _check_shaping_bound(ctx: Context, lo: float, hi: float) -> None:
+    """The most tool shaping a row declares (reward x max_calls of each shaped tool), added to the most (least) the
+    golden cases earn without shaping, stays within REWARD_RANGE: rewards are never clamped, so a rollout making
+    every shaped call would otherwise store a reward outside the declared range."""
+    base = sorted((score.reward - score.components.get("tool_calls", 0.0), sample.label)
+                  for sample, score, _ in ctx.scored(1) if sample.config is None and score.reward is not None)
+    if not base:
+        return
+    for config, split, rows in ctx.splits():
+        for row in rows:
+            shaping = row["interaction"]["tool_rewards"]
+            gain = sum(max(r["reward"], 0.0) * r["max_calls"] for r in shaping)
+            loss = sum(min(r["reward"], 0.0) * r["max_calls"] for r in shaping)
+            (low, lowest), (high, highest) = base[0], base[-1]
+            if high + gain > hi + TOL or low + loss < lo - TOL:
+                over = high + gain > hi + TOL
+                earned, label, total = (high, highest, high + gain) if over else (low, lowest, low + loss)
+                terms = ", ".join(f"{r['tool']}: {r['max_calls']} calls x {r['reward']}" for r in shaping)
+                fail(f"the row's tool shaping can add {_num(total - earned)} ({terms}) to the {_num(earned)} that "
+                     f"{label} earns without shaping: a total of {_num(total)}, {'above' if over else 'below'} "
+                     f"REWARD_RANGE {(lo, hi)}; rewards are never clamped, so a rollout making every shaped call would "
+                     f"store a reward outside the declared range", ctx.where(config, split, row["id"],
+                                                                             "interaction.tool_rewards"),
+                     f"declare REWARD_RANGE = ({_num(min(lo, low + loss))}, {_num(max(hi, high + gain))}), or lower "
+                     f"the shaping's max_calls or reward")
+
+
+def _num(value: float) -> float:
+    """A sum of float rewards as it should read: 1.3, not 1.3000000000000003."""
+    return round(value, 9)
 
 
 def check_scoring_deterministic(ctx: Context) -> None:
-    """Scoring the same trajectory twice, under two clocks and time zones, gives the same Score."""
-    for (sample, a, _), (_, b, _) in zip(ctx.scored(1), ctx.scored(2)):
-        if not _same_score(a, b):
-            where = ctx.where(sample.config, sample.split, sample.task["id"], "verifier")
-            if _same_score(a, ctx.score_under_first_clock(sample)):
-                fail(f"scoring {sample.label} under two clocks and time zones ({CHECK_CLOCKS[0]}, then "
-                     f"{CHECK_CLOCKS[1]}) gave {_summary(a)}, then {_summary(b)}, and under the first clock again "
-                     f"{_summary(a)}: the verifier reads the date, the clock or the time zone", where, SCORE_CLOCK_FIX)
-            fail(f"scoring {sample.label} twice gave {_summary(a)}, then {_summary(b)}; most likely the verifier "
-                 f"uses an unseeded random generator, the clock, or state kept between calls", where, SEEDED_FIX)
+    """Scoring the same trajectory again and again (on fresh copies of its inputs, in a shuffled order, under
+    another clock and time zone) gives the same Score every time."""
+    for (sample, first, _), (_, again) in zip(ctx.scored(1), ctx.rescored()):
+        other = next((b for b in again if not _same_score(first, b)), None)
+        if other is None:
+            continue
+        where = ctx.where(sample.config, sample.split, sample.task["id"], "verifier")
+        steady = all(_same_score(again[0], b) for b in again)  # the second clock's scores agree among themselves
+        if steady and all(_same_score(first, ctx.score_under_first_clock(sample)) for _ in range(2)):
+            fail(f"scoring {sample.label} under two clocks and time zones ({CHECK_CLOCKS[0]}, then "
+                 f"{CHECK_CLOCKS[1]}) gave {_summary(first)}, then {_summary(other)}, and under the first clock again "
+                 f"{_summary(first)}: the verifier reads the date, the clock or the time zone", where, SCORE_CLOCK_FIX)
+        rate = sum(not _same_score(first, b) for b in again)
+        fail(f"scoring {sample.label} twice gave {_summary(first)}, then {_summary(other)}; most likely the verifier "
+             f"uses an unseeded random generator, the clock, or state kept between calls (it differed in {rate} of "
+             f"{len(again)} scorings of the same trajectory)", where, SEEDED_FIX)
 
 
 def _same_score(a: Score, b: Score) -> bool:
@@ -447,9 +433,13 @@ def _same_score(a: Score, b: Score) -> bool:
 
 def check_scoring_leaves_its_inputs(ctx: Context) -> None:
     """Scoring changes neither the task nor the completion it is given."""
+    fresh = {f"golden case {case.name!r}": case for case in ctx.builder.golden_cases()}  # read again: unscored
     for sample in ctx.samples:
-        if sample.config is None:  # a golden case: check_golden_cases has scored (and so maybe changed) its task
-            continue
+        if sample.config is None:  # a golden case: check_golden_cases scored (and so maybe changed) the loaded one
+            case = fresh.get(sample.label)
+            if case is None or case.completion is None:
+                continue
+            sample = Sample(None, None, case.task, sample.label, case.completion)
         task, completion = copy.deepcopy(sample.task), copy.deepcopy(sample.completion or [])
         before = _canonical(task, completion)
         ctx.verifier.score(task, completion)
@@ -506,6 +496,7 @@ CHECKS: list[Callable[[Context], None]] = [
     check_verifier_loads,
     check_interaction,
     check_tool_schemas,
+    check_tools_run,
     check_golden_cases,
     check_golden_extremes,
     check_scoring_leaves_its_inputs,  # before the scoring checks score (and so change) the rows it copies

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from hubgym.errors import EnvContractError, Where
+from hubgym.schemas import Message, Task
 
 TOL = 1e-6  # golden rewards and replayed step rewards must agree this closely
 SEEDED_FIX = ("make it a function of its inputs only: derive randomness from the task (e.g. "
@@ -49,3 +51,15 @@ class CheckSkipped(EnvContractError):
                       check=check)
         skipped.needs, skipped.owner = needs, owner
         return skipped
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One trajectory the checker scores: a built row with a synthetic reply, or a golden case."""
+
+    config: str | None
+    split: str | None
+    task: Task
+    label: str  # how messages name it: "the empty reply", "golden case 'draw'"
+    completion: list[Message] | None = None
+    actions: list[str] | None = None  # multi_turn golden cases: replayed through reset/step first

@@ -31,8 +31,9 @@ _FIELDS = ("observation", "reward", "done", "state")
 
 
 def check_reset_step_deterministic(ctx: Context) -> None:
-    """Every episode, run again and again (at least STEP_CALLS more steps), gives the observations, rewards, done
-    flags and JSON states it gave on a freshly imported verifier."""
+    """Every episode, run again and again (at least STEP_CALLS more steps), and then on another freshly imported
+    verifier in the reverse order, gives the observations, rewards, done flags and JSON states it gave on a freshly
+    imported verifier."""
     if not ctx.verifier.multi_turn:
         return
     fresh = guarded(lambda: fresh_copy(ctx.verifier), ctx.where(field="VERIFIER"), "importing the verifier again")
@@ -49,7 +50,8 @@ def check_reset_step_deterministic(ctx: Context) -> None:
             _compare(first, again, label, where, steps - at - (len(first) - 1))
             steps += len(again) - 1
         if steps == before:  # no episode takes a step: nothing more to learn by repeating
-            return
+            break
+    _check_order(ctx, replays, [first for first, _ in firsts])  # last: state that drifts by itself is named first
 
 
 def _compare(first: list[dict[str, Any]], again: list[dict[str, Any]], label: str, where: Where, between: int) -> None:
@@ -61,6 +63,23 @@ def _compare(first: list[dict[str, Any]], again: list[dict[str, Any]], label: st
                      f"verifier, then {short(b[field])} after {between} other steps); most likely reset or step uses "
                      f"an unseeded random generator, the clock, or state kept outside `state` (a module-level "
                      f"variable that changes as it is called)", where, SEEDED_FIX)
+
+
+def _check_order(ctx: Context, replays: list, firsts: list[list[dict[str, Any]]]) -> None:
+    """The episodes run on another freshly imported verifier in the reverse order give what they gave first: a cache
+    of observations keyed on too little (two tasks at one position share an answer) answers the task that came first."""
+    other = guarded(lambda: fresh_copy(ctx.verifier), ctx.where(field="VERIFIER"), "importing the verifier again")
+    for (task, actions, label, where), first in reversed(list(zip(replays, firsts))):
+        again = _trace(other, task, actions, label, where)
+        for i, (a, b) in enumerate(zip(first, again)):
+            field = next((f for f in _FIELDS if a[f] != b[f]), None)
+            if field is not None:
+                at = "after reset" if i == 0 else f"at step {i}"
+                fail(f"running {label} on a fresh verifier after the other episodes, in the reverse order, gave "
+                     f"different {field}s {at} ({short(a[field])} in the first order, then {short(b[field])}); most "
+                     f"likely reset or step caches answers under a key that leaves out part of the task or state, so "
+                     f"two tasks at one position get one answer", where,
+                     "key any cache on everything the answer depends on (the whole task info and state), or drop it")
 
 
 def fresh_copy(verifier: Verifier) -> Verifier:

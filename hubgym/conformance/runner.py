@@ -24,6 +24,8 @@ So the first failure of a run is always the root cause, and `assert_env_ok` rais
 from __future__ import annotations
 
 import contextlib
+import copy
+import random
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -38,7 +40,7 @@ from hubgym.envs.build import build_tasks, make_builder
 from hubgym.builders.clock import CHECK_CLOCKS, Clock, at_clock
 from hubgym.envs import resolve_env
 from hubgym.conformance.checks import CHECKS
-from hubgym.conformance.common import CheckSkipped
+from hubgym.conformance.common import CheckSkipped, Sample
 from hubgym.conformance.purity import Violation, purity_guard
 from hubgym.conformance.rebuild import build_elsewhere, hash_seeds, importable_ref
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierLoadError, Where
@@ -49,8 +51,14 @@ from hubgym.verifiers.contract import Score, Verifier
 from hubgym.verifiers.golden import GoldenCase
 
 GENERIC_REPLY = "I am not sure. My best guess is 42."
-SYNTHETIC_REPLIES: dict[str, str] = {"the empty reply": "", "a generic reply": GENERIC_REPLY}
-"""Completions every sampled row is scored with: a verifier must return a reward (usually low) for both."""
+SYNTHETIC_REPLIES: dict[str, str] = {"the empty reply": "", "a generic reply": GENERIC_REPLY,
+                                     "a reply padded with spaces": "  <answer> 42 </answer>\n"}
+"""Completions every sampled row is scored with: a verifier must return a reward (usually low) for each. The padded
+one shows a reward that strips a message's text in place (`check_scoring_leaves_its_inputs`)."""
+RESCORES = 400
+"""Scorings of the second pass, at least (each sample scored again up to MAX_REPEATS times): enough that a reward
+wrong on 5% of calls shows with near certainty (a miss chance below 1e-15)."""
+MAX_REPEATS = 16
 
 ATTEMPT_CLOCKS: dict[int, Clock] = {1: CHECK_CLOCKS[0], 2: CHECK_CLOCKS[1], 3: CHECK_CLOCKS[0]}
 """The clock of each build and scoring pass: the second differs from the first in every field of the date, the
@@ -76,18 +84,6 @@ class CheckResult:
     @property
     def status(self) -> str:
         return "ok" if self.ok else "skipped" if self.skipped else "failed"
-
-
-@dataclass(frozen=True)
-class Sample:
-    """One trajectory the checker scores: a built row with a synthetic reply, or a golden case."""
-
-    config: str | None
-    split: str | None
-    task: Task
-    label: str  # how messages name it: "the empty reply", "golden case 'draw'"
-    completion: list[Message] | None = None
-    actions: list[str] | None = None  # multi_turn golden cases: replayed through reset/step first
 
 
 class Context:
@@ -181,12 +177,32 @@ class Context:
 
     def scored(self, attempt: int) -> list[tuple[Sample, Score, list[Violation]]]:
         """Every sample scored under the purity guard and ATTEMPT_CLOCKS[attempt]; attempt 2 is the independent
-        second scoring."""
+        second scoring (its first repeat; `rescored` has them all)."""
+        if attempt == 2:
+            return [(sample, scores[0], []) for sample, scores in self.rescored()]
+
         def make() -> list[tuple[Sample, Score, list[Violation]]]:
             with at_clock(ATTEMPT_CLOCKS[attempt]):
                 return [(s, *self.score_guarded(s)) for s in self.samples]
 
         return self.resource(f"scored:{attempt}", f"scoring pass {attempt}", make)
+
+    def rescored(self) -> list[tuple[Sample, list[Score]]]:
+        """The second pass: every sample scored again `repeats` times, under the second clock, each time on a fresh
+        copy of its task and completion, all in one seeded shuffled order (so a reward that depends on call
+        order, object identity, a counter or chance shows, even at a low rate)."""
+        def make() -> list[tuple[Sample, list[Score]]]:
+            samples = self.samples
+            repeats = max(2, min(MAX_REPEATS, -(-RESCORES // max(len(samples), 1))))
+            order = [(i, r) for i in range(len(samples)) for r in range(repeats)]
+            random.Random(len(order)).shuffle(order)
+            scores: list[list[Score]] = [[] for _ in samples]
+            with at_clock(ATTEMPT_CLOCKS[2]):
+                for i, _ in order:
+                    scores[i].append(self.score_guarded(copy.deepcopy(samples[i]))[0])
+            return list(zip(samples, scores))
+
+        return self.resource("rescored", "scoring pass 2", make)
 
     def hash_seed_build(self, config: str) -> dict[str, Any]:
         """{split: datasets.Dataset} of `config` built in a second process with another PYTHONHASHSEED (one

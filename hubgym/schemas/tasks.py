@@ -7,12 +7,14 @@ needs, and an `interaction` spec that tells the rollout loop how to drive the ep
 from __future__ import annotations
 
 import hashlib
+import math
 import json
 from typing import Any, Literal, TypedDict
 
 import datasets
 import msgspec
 
+from hubgym.errors import EnvContractError, Where
 from hubgym.schemas.messages import MESSAGE_FEATURES, Message, normalize
 
 Kind = Literal["single_turn", "tool_use", "multi_turn"]
@@ -106,6 +108,52 @@ def parse_json(text: str) -> Any:
         return json.loads(text)
 
 
+def _check_json(value: Any, path: str, env: str) -> None:
+    """Refuse a value JSON cannot hold (a datetime, a set, a NaN...), naming its place, e.g. `info.when`."""
+    bad = _not_json(value, path)
+    if bad is not None:
+        at, kind = bad
+        raise EnvContractError(f"{at} is {kind}, which the info column (JSON) cannot hold", Where(env=env, field=at),
+                               "store it as JSON data: text (e.g. a date's .isoformat()), a finite number, a list or "
+                               "a dict with string keys")
+
+
+def _not_json(value: Any, path: str) -> tuple[str, str] | None:
+    """(path, what it is) of the first value inside `value` that is not JSON data; None when all of it is."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path, f"the float {value}")
+    if isinstance(value, (list, tuple)):
+        return next((bad for i, v in enumerate(value) if (bad := _not_json(v, f"{path}[{i}]"))), None)
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if not isinstance(key, str):
+                return f"{path}[{key!r}]", f"a key of type {type(key).__name__}"
+            bad = _not_json(v, f"{path}.{key}")
+            if bad:
+                return bad
+        return None
+    return path, f"a {type(value).__module__}.{type(value).__qualname__}".replace("builtins.", "")
+
+
+def as_stored(info: dict[str, Any]) -> dict[str, Any]:
+    """`info` as the info column (a `datasets.Json` feature) gives it back: its JSON encoding keeps about ten
+    significant digits of a float (3500.0000000000005 comes back as 3500.0); other values are unchanged."""
+    feature = TASK_FEATURES["info"]
+    return feature.decode_example(feature.encode_example(info)) if _has_float(info) else info
+
+
+def _has_float(value: Any) -> bool:
+    if isinstance(value, float):
+        return True
+    if isinstance(value, dict):
+        return any(_has_float(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_float(v) for v in value)
+    return False
+
+
 def task_id(env: str, prompt: list[Message], info: dict[str, Any], spec: Interaction) -> str:
     """`<env>-<16 hex>`: a hash of the content, so the same config and seed give the same ids."""
     digest = hashlib.sha256(canonical_json([env, prompt, info, spec]).encode()).hexdigest()
@@ -122,9 +170,14 @@ def make_task(
     difficulty: str | None = None,
     tags: list[str] | tuple[str, ...] = (),
 ) -> Task:
-    """Build a complete task row; the id is derived from env, prompt, info and interaction."""
+    """Build a complete task row; the id is derived from env, prompt, info and interaction.
+
+    `info` is taken in the form the info column stores (`as_stored`): a float with more digits than it keeps
+    is rounded here, so a row read back, a row generated on the fly and the id agree."""
     prompt = [normalize(m) for m in prompt]
     spec = spec or interaction()
+    _check_json(info, "info", env)
+    info = as_stored(info)
     return {
         "id": task_id(env, prompt, info, spec),
         "env": env,

@@ -149,8 +149,9 @@ def _python_argv(config: SandboxConfig, uid: int | None) -> list[str]:
     limits = {"RLIMIT_CPU": (config.cpu_s, config.cpu_s + 1), "RLIMIT_AS": (config.memory_mb * mb,) * 2,
               "RLIMIT_NPROC": (config.max_procs,) * 2, "RLIMIT_FSIZE": (config.tmp_mb * mb,) * 2,
               "RLIMIT_CORE": (0, 0)}
-    cfg = {"limits": limits, "uid": uid, "python": sys.executable}
-    return [sys.executable, "-I", "-S", "-c", BOOTSTRAP, json.dumps(cfg)]
+    python = os.path.normpath(sys.executable)  # "venv/bin/../bin/python" would pass through folders not mounted
+    cfg = {"limits": limits, "uid": uid, "python": python}
+    return [python, "-I", "-S", "-c", BOOTSTRAP, json.dumps(cfg)]
 
 
 def _bwrap_argv(bwrap: str, config: SandboxConfig, info_fd: int) -> list[str]:
@@ -183,7 +184,7 @@ def _bwrap_argv(bwrap: str, config: SandboxConfig, info_fd: int) -> list[str]:
 
 def _interpreter_paths() -> list[str]:
     """The Python install and virtualenv, as the host names them and as they really are, minus what /usr covers."""
-    candidates = [sys.base_prefix, sys.prefix, os.path.dirname(sys.executable)]
+    candidates = [sys.base_prefix, sys.prefix, os.path.dirname(os.path.normpath(sys.executable))]
     paths: list[str] = []
     for path in candidates + [os.path.realpath(p) for p in candidates]:
         path = os.path.abspath(path)

@@ -37,6 +37,7 @@ import importlib.util
 import inspect
 import math
 import os
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -199,9 +200,19 @@ class Verifier:
                 components["tool_calls"] = tool_call_reward(task, completion)
                 total += components["tool_calls"]
         except Exception as exc:  # a bad rollout is data, not a crash
-            error: RowError = {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:2000]}
+            error: RowError = {"boundary": "verifier", "type": type(exc).__name__,
+                               "message": (str(exc)[:1900] + raised_at(exc, self.source_path))}
             return Score(None, components, error)
         return Score(total, components)
+
+
+def raised_at(exc: BaseException, source: Path) -> str:
+    """' (at verifier.py:12 in correct)': the last line of the verifier module the exception passed through, so a
+    stored error says which line of which function to read ('' when it never passed through the module)."""
+    mine = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(source)]
+    if not mine:
+        return ""
+    return f" (at {Path(mine[-1].filename).name}:{mine[-1].lineno} in {mine[-1].name})"
 
 
 def _as_reward(value: Any, name: str) -> float:
