@@ -70,6 +70,14 @@ class EnvNotFoundError(HubgymError, LookupError):
     """No environment is registered under a name, entry point or path."""
 
 
+class StoredEnvError(EnvNotFoundError):
+    """Stored rows name an env no verifier was chosen for (stored data never chooses code); `env` is the name."""
+
+    def __init__(self, message: str, env: str | None = None):
+        self.env = env
+        super().__init__(message, env=env)
+
+
 class ToolNotFoundError(HubgymError, LookupError):
     """An interaction spec names a tool the registry does not know."""
 

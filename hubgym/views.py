@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rich import box
 from rich.console import Console, Group
@@ -24,6 +24,13 @@ from hubgym.envs.catalog import EnvEntry, count_rows, split_of
 
 if TYPE_CHECKING:
     from hubgym.conformance import CheckResult
+
+def folded(table: Table) -> Table:
+    """`table` with every column folding (wrapping) its header and cells instead of cutting them with an ellipsis."""
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
+
 
 PASS, FAIL, SKIP = Text("pass", style="green"), Text("FAIL", style="bold red"), Text("skip", style="yellow")
 
@@ -118,7 +125,7 @@ def checks_table(results: list[CheckResult]) -> Table:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for r in results:
         table.add_row(Text(r.env), Text(r.check), PASS if r.ok else SKIP if r.skipped else FAIL, f"{r.seconds:.2f}")
-    return table
+    return folded(table)
 
 
 def failures(results: list[CheckResult]) -> Group:
@@ -163,7 +170,7 @@ def summary_table(rows: list[EnvSummary]) -> Table:
     for r in rows:
         style = "green" if r.passed == r.total else "red"
         table.add_row(Text(r.env), r.kind, str(r.rows), Text(f"{r.passed}/{r.total}", style=style), f"{r.seconds:.1f}")
-    return table
+    return folded(table)
 
 
 def failed(env: str, check: str, exc: BaseException, started: float) -> CheckResult:
@@ -194,14 +201,60 @@ def with_progress(console: Console, names: list[str], work: Callable[[str], Iter
     return results
 
 
-def frame_table(frame, title: str) -> Table:
-    """A polars DataFrame as a rich table: floats to 3 decimals, rates as they are."""
-    table = Table(title=title, box=box.SIMPLE_HEAVY)
-    for name in frame.columns:
-        table.add_column(name, justify="left" if name == "env" else "right")
-    for row in frame.iter_rows():
-        table.add_row(*(Text(f"{v:.3f}" if isinstance(v, float) else "-" if v is None else str(v)) for v in row))
-    return table
+def frame_table(frame, title: str) -> FrameTable:
+    """A polars DataFrame as a rich table (floats to 3 decimals, rates as they are) that never cuts a column name:
+    when its columns do not fit the width it is printed at, it is printed turned, one line per column."""
+    header = list(frame.columns)
+    rows = [[f"{v:.3f}" if isinstance(v, float) else "-" if v is None else str(v) for v in row]
+            for row in frame.iter_rows()]
+    return FrameTable(title, header, rows)
+
+
+@dataclass(frozen=True)
+class FrameTable:
+    """The table of `frame_table`, laid out when the console's width is known."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+
+    def __rich_console__(self, console: Console, options: Any) -> Iterator[Table]:
+        widths = [max([len(h)] + [len(r[i]) for r in self.rows]) for i, h in enumerate(self.header)]
+        turned = max(widths) + sum(max(len(r[i]) for i in range(len(r))) for r in self.rows) + 3 * len(self.rows) + 4
+        if sum(widths) + 3 * len(widths) + 1 <= options.max_width:
+            yield self._wide()
+        elif turned <= options.max_width:
+            yield self._turned()
+        else:  # narrower still: one two-column table per row
+            yield from self._stacked()
+
+    def _wide(self) -> Table:
+        table = Table(title=self.title, box=box.SIMPLE_HEAVY)
+        for name in self.header:
+            table.add_column(name, justify="left" if name == "env" else "right", overflow="fold")
+        for row in self.rows:
+            table.add_row(*map(Text, row))
+        return table
+
+    def _stacked(self) -> Iterator[Table]:
+        for row in self.rows:
+            table = Table(title=f"{self.title}: {row[0]}", box=box.SIMPLE_HEAVY, show_header=False)
+            table.add_column(justify="left", no_wrap=True)
+            table.add_column(justify="right", overflow="fold")
+            for name, value in list(zip(self.header, row))[1:]:
+                table.add_row(Text(name), Text(value))
+            yield table
+
+    def _turned(self) -> Table:
+        """One line per column (its name, then each row's value): what no terminal width cuts."""
+        first = self.header[0] if self.header and self.header[0] == "env" else None
+        table = Table(title=self.title, box=box.SIMPLE_HEAVY)
+        table.add_column(first or "", justify="left", no_wrap=True)
+        for row in self.rows:
+            table.add_column(row[0] if first else "", justify="right", overflow="fold")
+        for i, name in enumerate(self.header[1:] if first else self.header, start=1 if first else 0):
+            table.add_row(Text(name), *(Text(row[i]) for row in self.rows))
+        return table
 
 
 @contextmanager
@@ -229,7 +282,7 @@ def before_after_table(before: dict[str, float], after: dict[str, float]) -> Tab
         old, new = before.get(key), after[key]
         change = f"{new - old:+.3f}" if old is not None and new is not None else "-"
         table.add_row(env, metric, _number(old), _number(new), change)
-    return table
+    return folded(table)
 
 
 def _number(value: float | None) -> str:
@@ -257,7 +310,7 @@ def replay_tables(report) -> list[Table]:
             table.add_row(r.rollout_id, r.env, f"{a.index}/{a.tokens}", str(a.turn), a.part, _near(a.stored),
                           _near(a.rendered))
         tables.append(table)
-    return tables
+    return [folded(t) for t in tables]
 
 
 def _where_they_differ(stored, replayed, width: int = 24) -> tuple[str, str]:

@@ -154,6 +154,17 @@ def test_a_generator_that_reads_the_date_is_pinned_to_one_clock_and_passes_the_c
     assert {m["start_time"][:10] for m in metadata if m["task_type"].startswith("time")} == {"2025-01-01"}
 
 
+def test_every_catalog_description_names_its_own_generator():
+    """A docstring copied from another generator (number_format's reads "Generates Count Bits exercises") is not a
+    description: the env is then described by its own generator's name."""
+    entries = {e.name: e for e in rg.FAMILY.entries()}
+    assert entries["rg_number_format"].description == "reasoning-gym's number_format generator"
+    assert entries["rg_string_manipulation"].description == "reasoning-gym's string_manipulation generator"
+    assert entries["rg_count_bits"].description.startswith("Generates Count Bits")
+    assert probe.describe(type("Copied", (), {"__doc__": "Generates Count Bits exercises"}), "products") == \
+        "reasoning-gym's products generator"
+
+
 def test_a_generator_that_follows_the_hash_seed_is_excluded_as_stated():
     assert probe.hash_seed_sensitive(["isomorphic_strings", "basic_arithmetic"]) == ["isomorphic_strings"]
     assert rg.EXCLUDED["isomorphic_strings"] == probe.HASH_SEED_REASON

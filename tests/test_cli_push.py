@@ -36,3 +36,19 @@ def test_push_to_the_default_hub_prints_no_hub(tmp_path):
 def test_push_unknown_config_is_a_clear_error(tmp_path):
     result = CliRunner().invoke(app, ["push", "arithmetic", "demo/a", "--config", "nope", "--hub", str(tmp_path)])
     assert result.exit_code == 1 and "nope" in result.output
+
+
+def test_the_printed_commands_are_unbroken_lines_on_a_narrow_terminal_and_in_a_pipe(tmp_path):
+    """Copy-paste must work whatever the width: every printed command is one line, in a 40-column terminal as in
+    a pipe (CliRunner's stdout is not a terminal)."""
+    hub = str(tmp_path / "a-hub-folder-with-a-long-name-that-passes-forty-columns")
+    for env in ({"COLUMNS": "40"}, {}):
+        result = CliRunner().invoke(app, ["push", "arithmetic", "demo/arithmetic", "--config", "easy", "--hub", hub],
+                                    env=env)
+        assert result.exit_code == 0, result.output
+        load = next(line for line in result.output.splitlines() if line.startswith("load it with: "))
+        sample = next(line for line in result.output.splitlines() if line.startswith("sample it with: "))
+        assert re.fullmatch(r"load it with: hubgym\.load_env\('demo/arithmetic@[0-9a-f]{40}', "
+                            r"pin='sha256:[0-9a-f]{64}', hub='.*forty-columns'\)", load)
+        assert re.fullmatch(r"sample it with: hubgym rollout demo/arithmetic@[0-9a-f]{40} "
+                            r"--pin demo/arithmetic=sha256:[0-9a-f]{64} --hub \S+forty-columns", sample)

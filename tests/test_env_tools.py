@@ -162,10 +162,15 @@ def test_a_user_pulls_a_tool_env_over_http_and_rolls_out_scores_and_replays_it_w
         (r["finish_reason"], r["completion"][:2]) for r in rows]
     assert {m["content"] for m in tool_messages} == {"3500"}  # the env's own tool ran, from the hub's bytes
     assert all(r["error"] is None and r["tokens_consistent"] for r in rows)
-    assert {m["value"] for r in rows for m in r["metrics"] if m["name"] == "tool_calls"} == {0.1}  # its shaping
+    assert {m["value"] for r in rows for m in r["metrics"] if m["name"] == "reward/tool_calls"} == {0.1}  # shaping
     snapshot = next(p for p in (tmp_path / "hf-hub-cache").rglob("tools.py"))
     assert snapshot.is_symlink() and "blobs" in str(snapshot.resolve())  # read through the cache's link
     hubgym = str(__import__("pathlib").Path(sys.executable).with_name("hubgym"))
+    refused = subprocess.run([hubgym, "replay", "run", "--hub", url, "--model", str(tiny_model)], cwd=elsewhere,
+                             env=fresh, capture_output=True, text=True, timeout=300)  # the rows choose no code
+    printed = re.search(r"then run: (hubgym replay run .*)$", refused.stderr.strip())
+    assert refused.returncode == 1 and printed, refused.stderr
+    assert printed.group(1) == f"hubgym replay run --env-revision {ref} --pin org/units={pin} --hub {url}"
     scored = run(hubgym, "score", "run", "--env-revision", ref, "--pin", f"org/units={pin}", "--hub", url,
                  "--out", "rescored")
     assert "what changed: 0 of 4 rows" in scored

@@ -183,25 +183,30 @@ def test_reasoning_goes_to_its_field_and_the_verifier_sees_only_the_answer(smoll
     assert stored_plain["completion"][0]["reasoning"] is None
 
 
-def test_shards_written_before_replies_had_reasoning_still_read(renderer, smollm2_tokenizer, tmp_path):
+def test_shards_written_before_new_fields_still_read(renderer, smollm2_tokenizer, tmp_path):
     from hubgym.hub.rollouts import iter_rollouts
     from hubgym.rollout.writer import _to_table
-    from hubgym.schemas.rollouts import LEGACY_COMPLETION_TYPE, ROLLOUT_SCHEMA
+    from hubgym.schemas.rollouts import LEGACY_TYPES, ROLLOUT_SCHEMA
 
     task = make_task("arithmetic", [user("What is 3 + 4?")], {"answer": "7"})
     (row,) = run(task, ScriptedEngine(smollm2_tokenizer, ["<answer>7</answer>"]), renderer,
                  hubgym.resolve_env("arithmetic").verifier())
     table = _to_table([row])
     at = ROLLOUT_SCHEMA.get_field_index("completion")
-    old = table.set_column(at, pa.field("completion", LEGACY_COMPLETION_TYPE),
+    old = table.set_column(at, pa.field("completion", LEGACY_TYPES["completion"]),
                            pa.array([[{k: v for k, v in m.items() if k != "reasoning"} for m in row["completion"]]],
-                                    LEGACY_COMPLETION_TYPE))
+                                    LEGACY_TYPES["completion"]))
+    at = ROLLOUT_SCHEMA.get_field_index("provenance")  # and before provenance had env_code_sha256
+    old = old.set_column(at, pa.field("provenance", LEGACY_TYPES["provenance"]),
+                         pa.array([{k: v for k, v in row["provenance"].items() if k != "env_code_sha256"}],
+                                  LEGACY_TYPES["provenance"]))
     path, new = tmp_path / "old.arrow", tmp_path / "new.arrow"
     for file, written in ((path, old), (new, table.set_column(0, "rollout_id", pa.array(["other"])))):
         with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, written.schema) as writer:
             writer.write_table(written)
     (back,) = iter_rollouts([path])
     assert back["completion"][0]["content"] == "<answer>7</answer>" and back["completion"][0]["reasoning"] is None
+    assert back["provenance"]["env_code_sha256"] is None and back["provenance"]["model"] == row["provenance"]["model"]
     from hubgym.rollout.report import scan_rollouts
 
     both = scan_rollouts([path, new]).collect()  # `hubgym report` over old and new shards at once

@@ -201,3 +201,23 @@ def test_hubgym_report_names_k_and_draws_the_png(shards):
     assert dict(zip(header, flat))["no_answer"] == "-"
     assert (shards / "run" / "rewards.png").stat().st_size > 10_000
     assert CliRunner().invoke(app, ["report", str(shards / "run"), "--k", "0"]).exit_code == 2  # usage error
+
+
+def test_a_report_table_never_cuts_a_column_name_however_narrow_the_terminal():
+    """Too wide for the terminal, the table turns (one line per column), and narrower still, stacks (one two-column
+    table per env); every column name and env stays whole, never ended with an ellipsis."""
+    import io
+
+    import polars as pl
+    from rich.console import Console
+
+    from hubgym.views import frame_table
+
+    frame = pl.DataFrame({"env": ["arithmetic", "calc_tools"], "mean_reward": [0.25, 0.5], "pass@1": [0.1, 0.2],
+                          "no_answer": [0.05, 0.0], "mean_completion_tokens": [44.5, 80.0]})
+    for width in (40, 60, 200):
+        out = io.StringIO()
+        Console(file=out, width=width).print(frame_table(frame, "run"))
+        text = out.getvalue()
+        assert "…" not in text and max(map(len, text.splitlines())) <= width
+        assert all(name in text for name in [*frame.columns[1:], "arithmetic", "calc_tools"]), (width, text)

@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -240,10 +241,17 @@ def _error(exc: BaseException) -> str:
 
 
 def describe(dataset_cls: type, generator: str) -> str:
-    """The first line of the generator class's own docstring (not an inherited one)."""
+    """The first line of the generator class's own docstring (not an inherited one), unless its subject is another
+    generator's name (a docstring copied from another class: number_format's says "Generates Count Bits ...")."""
+    from reasoning_gym.factory import DATASETS
+
     doc = inspect.cleandoc(dataset_cls.__dict__.get("__doc__") or "")
     line = doc.splitlines()[0].strip().rstrip(".") if doc else ""
-    return line or f"reasoning-gym's {generator} generator"
+    subject = re.match(r"Generates ((?:[A-Z][A-Za-z0-9]*\s?)+)", line)
+    named = "_".join(subject.group(1).lower().split()) if subject else None
+    if not line or (named in DATASETS and named != generator):
+        return f"reasoning-gym's {generator} generator"
+    return line
 
 
 # -- golden cases ----------------------------------------------------------------------------

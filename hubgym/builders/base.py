@@ -86,7 +86,7 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
                 raise EnvContractError(f"task id {row['id']!r} was generated twice", Where(**{**where.__dict__, "field": "id"}),
                                        "generate_tasks must not repeat a task: draw until the split has `size` distinct tasks")
             seen.add(row["id"])
-            yield row["id"], {**row, "split": row.get("split") or split}
+            yield row["id"], {**row, "split": row.get("split") or split, "tags": row["tags"] or list(self.TAGS)}
 
     def split_names(self) -> list[str]:
         """The splits this config generates (`_split_generators`, run once per instance)."""

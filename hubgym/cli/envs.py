@@ -93,8 +93,9 @@ def init(name: Annotated[str, typer.Argument(help="env name: a lowercase Python 
     from hubgym.scaffold import scaffold_env
 
     folder = scaffold_env(name, parent, kind.value)
-    console().print(Text(f"created {folder}/: " + ", ".join(sorted(p.name for p in folder.iterdir())), style="green"))
-    console().print(Text(f"next: hubgym check {folder}   then   pytest {folder}"))
+    files = ", ".join(sorted(p.name for p in folder.iterdir()))
+    console().print(Text(f"created {folder}/: {files}", style="green"), soft_wrap=True)
+    console().print(Text(f"next: hubgym check {folder}   then   pytest {folder}"), soft_wrap=True)
 
 
 @app.command()
@@ -200,9 +201,10 @@ def push(env: Annotated[str, typer.Argument(help="env name, versioned id, or pat
     with console().status(f"building and pushing {env} to {repo}"):
         result = push_env(env, repo, hub=hub, configs=config)
     python, cli = result.load_hints()  # they name the hub unless it is the default one
-    console().print(Text(f"pushed {len(result.files)} files to {result.location} at revision {result.revision}"))
-    console().print(Text(f"load it with: {python}"))
-    console().print(Text(f"sample it with: hubgym rollout {result.ref} {cli}"))
+    console().print(Text(f"pushed {len(result.files)} files to {result.location} at revision {result.revision}"),
+                    soft_wrap=True)
+    console().print(Text(f"load it with: {python}"), soft_wrap=True)
+    console().print(Text(f"sample it with: hubgym rollout {result.ref} {cli}"), soft_wrap=True)
 
 
 def config_names(builder: type[TaskBuilder], config: str | None) -> list[str]:
@@ -249,4 +251,4 @@ def report(results: list, show_table: bool = True) -> None:
         console().print(views.failures(results), soft_wrap=True)
     if any(r.failed for r in results):
         fail(views.checks_verdict(results))
-    console().print(Text(views.checks_verdict(results), style="bold green"))
+    console().print(Text(views.checks_verdict(results), style="bold green"), soft_wrap=True)

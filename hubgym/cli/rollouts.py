@@ -150,13 +150,13 @@ def rollout(
         by += f" ({', '.join(f'{w} restarted {k}x' for w, k in sorted(restarts.items()))})"
     console().print(Text(f"{summary.written} rollouts written{by} ({summary.skipped} already stored) in "
                           f"{summary.seconds:.1f}s, {summary.generated_tokens / max(summary.seconds, 1e-9):,.0f} "
-                          f"generated tokens/s; shards in {out / 'shards'}"))
+                          f"generated tokens/s; shards in {out / 'shards'}"), soft_wrap=True)
     if push:
         from hubgym.hub.rollouts import push_rollouts
 
         pushed = push_rollouts(out, push, hub=hub, progress=True)
         console().print(Text(f"pushed {pushed.uploaded} shard(s) ({pushed.skipped} already there): {pushed.rows} "
-                              f"rollouts -> {pushed.ref}"))
+                              f"rollouts -> {pushed.ref}"), soft_wrap=True)
 
 
 def check_ray_options(on_ray: bool, workers: int | None, shard_index: int, num_shards: int) -> None:
@@ -214,7 +214,7 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
         rollouts = scan_rollouts(sources, skip_bad=skip_bad)
     console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
-    console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"))
+    console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"), soft_wrap=True)
 
 
 @app.command("push-rollouts")
@@ -228,6 +228,6 @@ def push_rollouts(run: Annotated[Path, typer.Argument(help="run folder written b
 
     result = push(run, repo, hub=hub, name=name, progress=True)
     console().print(Text(f"{result.rows} rollouts in {result.uploaded} new shard(s) ({result.skipped} already there) "
-                          f"-> {result.ref}"))
+                          f"-> {result.ref}"), soft_wrap=True)
     console().print(Text(f"stream them: load_dataset(<repo>, {result.name!r}, split='train', streaming=True) "
-                          f"or hubgym score {result.ref}"))
+                          f"or hubgym score {result.ref}"), soft_wrap=True)

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import itertools
+import shlex
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -15,7 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, skipped_shards_noted, user_errors
+from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
+from hubgym.errors import StoredEnvError
 
 
 @app.command()
@@ -58,8 +61,11 @@ def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard 
         run = lambda **kw: rescore_on_ray(sources, address=ray_address, **kw)  # noqa: E731
     else:
         run = lambda **kw: rescore(sources, **kw)  # noqa: E731
-    with skipped_shards_noted(), views.rows_progress(console(stderr=True), "re-scoring") as advance:
-        result = run(progress=advance, **options)
+    try:
+        with skipped_shards_noted(), views.rows_progress(console(stderr=True), "re-scoring") as advance:
+            result = run(progress=advance, **options)
+    except StoredEnvError as exc:
+        fail(with_command(exc, "score", sources, hub))
     out_console = console()
     out_console.print(views.frame_table(result.counts, title=f"re-scored {result.rows} rows in {result.seconds:.1f} s "
                                                          f"({result.rows_per_s:,.0f} rows/s)"))
@@ -109,24 +115,57 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
     from hubgym.score.replay import ReplayReport, as_renderer, iter_replay, rows_of
 
     choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
+    rows = iter(rows_of(sources, hub, skip_bad=skip_bad))
+    first = next(rows, None)
+    try:
+        if first is not None:
+            choice.spec(first["env"])  # a refusal needs no model: it comes before the tokenizer loads
+    except StoredEnvError as exc:
+        fail(with_command(exc, "replay", sources, hub))
     tokenizer = ("tokenizer_config.json", "config.json")  # the audit needs the tokenizer and its chat template
     renderer = as_renderer(resolve_model(model, setting="--model", needs=tokenizer)) if model else None
     report = ReplayReport()
     with skipped_shards_noted(), Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"),
                                           TimeElapsedColumn(), console=console(stderr=True)) as progress:
         task = progress.add_task("replay", total=None)
-        for result in iter_replay(rows_of(sources, hub, skip_bad=skip_bad), rollout=rollout, renderer=renderer, verifier=choice):
-            report.results.append(result)
-            progress.advance(task)
+        replayed = iter_replay(itertools.chain([first] if first else [], rows), rollout=rollout, renderer=renderer,
+                               verifier=choice)
+        try:
+            for result in replayed:
+                report.results.append(result)
+                progress.advance(task)
+        except StoredEnvError as exc:
+            fail(with_command(exc, "replay", sources, hub))
     for table in views.replay_tables(report):
         console().print(table)
     if renderer is None:
         console().print(Text("token audit skipped: give --model MODEL_DIR (the model that sampled the rows; 'tiny' "
                               "for the tiny local model) to re-apply its chat template and compare the stored tokens",
-                              style="yellow"))
+                              style="yellow"), soft_wrap=True)
     changed = sum(r.verifier_changed for r in report.diverged)
     if changed:
         console().print(Text(f"{changed} diverged row(s) were made by another version of their verifier (sha256 "
-                              f"differs): the env may have changed, not the rows; pass that version with --verifier"))
+                              f"differs): the env may have changed, not the rows; pass that version with --verifier"),
+                        soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def with_command(exc: StoredEnvError, command: str, sources: list[str], hub: str | None) -> str:
+    """The refusal, plus the full command that scores these rows with the hub env revision their provenance names
+    (its revision and code pin, as recorded when they were sampled); nothing is run: the user reads and runs it.
+    Stored values are checked by the Hub's own rules before they are shown, and quoted for the shell."""
+    from hubgym.hub.names import check_repo_id, check_revision, normalize_pin
+    from hubgym.score.replay import rows_of
+
+    row = next((r for r in rows_of(sources, hub) if r["env"] == exc.env), None)
+    provenance = (row or {}).get("provenance") or {}
+    try:
+        repo, revision = check_repo_id(provenance["env_repo"]), check_revision(provenance["env_revision"])
+        pin = normalize_pin(provenance["env_code_sha256"])
+    except Exception:  # noqa: BLE001 - no (valid) hub provenance: the refusal's own advice stands
+        return str(exc)
+    flags = [f"--env-revision {repo}@{revision}", f"--pin {repo}=sha256:{pin}"] + ([f"--hub {hub}"] if hub else [])
+    line = " ".join(["hubgym", command, *map(shlex.quote, sources), *flags])
+    return (f"{exc}. These rows were sampled from the hub env {repo}@{revision} (their provenance says so); to "
+            f"score them with its code, read it on the hub, then run: {line}")

@@ -68,4 +68,5 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
     if os.environ.get("RANK", "0") != "0":  # under a launcher the summary is rank 0's, printed once
         return
     console().print(views.before_after_table(result.before, result.after))
-    console().print(Text(f"model: {result.model_dir}  metrics: {result.metrics_file}  plot: {result.plot}"))
+    console().print(Text(f"model: {result.model_dir}  metrics: {result.metrics_file}  plot: {result.plot}"),
+                    soft_wrap=True)

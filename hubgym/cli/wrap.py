@@ -61,5 +61,5 @@ def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/C
         folder = wrap_dataset(spec)
     data = sorted((folder / "data").iterdir())
     console().print(Text(f"created {folder}/ (env {spec.env!r}): builder.py, verifier.py, golden.jsonl, README.md, "
-                         f"data/ ({', '.join(p.name for p in data)})", style="green"))
-    console().print(Text(f"next: hubgym check {folder}   then   hubgym push {folder} ORG/{spec.env}"))
+                         f"data/ ({', '.join(p.name for p in data)})", style="green"), soft_wrap=True)
+    console().print(Text(f"next: hubgym check {folder}   then   hubgym push {folder} ORG/{spec.env}"), soft_wrap=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from hubgym.builders.registry import builder_by_name, is_registered
 from hubgym.envs.refs import ENV_NAME, split_version
-from hubgym.errors import EnvNotFoundError, Where
+from hubgym.errors import StoredEnvError, Where
 from hubgym.verifiers.contract import Verifier
 
 STORED_ENV_FLAGS = "--verifier ENV=MODULE (a verifier module you name) or --env-revision ORG/NAME@REVISION (pinned)"
@@ -41,9 +41,9 @@ def stored_env_verifier(env: object, where: Where | None = None) -> Verifier:
     if name is not None and is_registered(name):
         builder = builder_by_name(name)
         if version is not None and builder.ENV_VERSION != version:
-            raise EnvNotFoundError(f"rows name env {env!r}{at}: env {name!r} is at version {builder.ENV_VERSION}, not "
-                                   f"{version}. Or choose a verifier for these rows: {flags}")
+            raise StoredEnvError(f"rows name env {env!r}{at}: env {name!r} is at version {builder.ENV_VERSION}, not "
+                                 f"{version}. Or choose a verifier for these rows: {flags}", env=str(env))
         return builder.verifier()
-    raise EnvNotFoundError(f"rows name env {repr(env)[:200]}{at}, which is not a built-in or installed env; stored "
-                           f"data never chooses which code runs, so no verifier is loaded for it. Choose one for these "
-                           f"rows: {flags}")
+    raise StoredEnvError(f"rows name env {repr(env)[:200]}{at}, which is not a built-in or installed env; stored "
+                         f"data never chooses which code runs, so no verifier is loaded for it. Choose one for these "
+                         f"rows: {flags}", env=env if isinstance(env, str) else None)

@@ -32,6 +32,7 @@ from hubgym.rollout.parsing import HERMES, check_parser_names
 from hubgym.rollout.tokens import ChatRenderer, audit_tokens, check_chat_template_kwargs, recorded_options
 from hubgym.rollout.writer import FLUSH_EVERY_S, PendingShard, ShardWriter, worker_name
 from hubgym.schemas.rollouts import Rollout
+from hubgym.schemas.tasks import Task
 from hubgym.schemas.version import SCHEMA_VERSION
 from hubgym.verifiers.contract import Verifier, last_reply_cut
 
@@ -89,6 +90,14 @@ class RolloutConfig:
     def recorded_sampling(self) -> dict[str, Any]:
         """The sampling arguments plus the chat options that differ from the defaults (provenance and manifest)."""
         return {**self.sampling.to_dict(), **recorded_options(self.chat_options())}
+
+
+def row_sampling(config: RolloutConfig, task: Task) -> dict[str, Any]:
+    """The sampling that applied to one row: the run's, with the turn limit its interaction spec sets (a row's
+    `max_tokens` wins over the run's, as the loop applies it)."""
+    recorded = config.recorded_sampling()
+    wanted = task["interaction"].get("max_tokens")
+    return {**recorded, "max_tokens": wanted} if wanted else recorded
 
 
 def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
@@ -184,11 +193,12 @@ def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutCon
         "error": error,
         "provenance": {
             "model": config.model, "policy_version": config.policy_version,
-            "sampling": json.dumps(config.recorded_sampling(), sort_keys=True), "env_repo": env_repo,
+            "sampling": json.dumps(row_sampling(config, traj.task), sort_keys=True), "env_repo": env_repo,
             "env_revision": env_revision,
             "verifier_module": verifier.name, "verifier_sha256": verifier.sha256, "engine": engine.name,
             "engine_version": engine.version,
             "chat_template_sha256": renderer.template_sha256 if renderer else None,
+            "env_code_sha256": verifier.code_sha256 or None,  # a hub env's pin (what score and replay need)
         },
         "timings": {"generate_s": traj.generate_s, "tools_s": traj.tools_s, "score_s": score_s,
                     "total_s": traj.generate_s + traj.tools_s + score_s},

@@ -41,6 +41,7 @@ class Provenance(TypedDict):
     env_revision: str | None
     verifier_module: str
     verifier_sha256: str
+    env_code_sha256: str | None  # a hub env's pin: the sha256 over its code files (verifier, tools)
     engine: str
     engine_version: str
     chat_template_sha256: str | None
@@ -118,6 +119,7 @@ ROLLOUT_FEATURES = datasets.Features(
             "engine": datasets.Value("string"),
             "engine_version": datasets.Value("string"),
             "chat_template_sha256": datasets.Value("string"),
+            "env_code_sha256": datasets.Value("string"),
         },
         "timings": {
             "generate_s": datasets.Value("float64"),
@@ -130,35 +132,50 @@ ROLLOUT_FEATURES = datasets.Features(
 )
 ROLLOUT_SCHEMA = ROLLOUT_FEATURES.arrow_schema
 ROLLOUT_COLUMNS: tuple[str, ...] = tuple(ROLLOUT_FEATURES)
-LEGACY_COMPLETION_TYPE = datasets.Features({"c": datasets.List(MESSAGE_FEATURES)}).arrow_schema.field("c").type
-"""`completion` as shards written before replies had a `reasoning` field store it; read as if it were null."""
+LEGACY_TYPES: dict[str, pa.DataType] = {
+    "completion": datasets.Features({"c": datasets.List(MESSAGE_FEATURES)}).arrow_schema.field("c").type,
+    "provenance": pa.struct([f for f in ROLLOUT_SCHEMA.field("provenance").type if f.name != "env_code_sha256"]),
+}
+"""Column types of shards written before a field was added: `completion` messages without `reasoning`, and
+`provenance` without `env_code_sha256`; `upgrade_batch` reads them with the new field null."""
 
 
 def column_type_ok(name: str, actual: pa.DataType) -> bool:
     """Whether a stored column has the rollout schema's type (or an older one `upgrade_batch` reads)."""
     expected = ROLLOUT_SCHEMA.field(name).type
-    return actual.equals(expected) or (name == "completion" and actual.equals(LEGACY_COMPLETION_TYPE))
+    return actual.equals(expected) or (name in LEGACY_TYPES and actual.equals(LEGACY_TYPES[name]))
 
 
 def upgrade_schema(schema: pa.Schema) -> pa.Schema:
     """The schema `upgrade_batch` gives a stored batch of this schema."""
-    at = schema.get_field_index("completion")
-    if at < 0 or not schema.field(at).type.equals(LEGACY_COMPLETION_TYPE):
-        return schema
-    return schema.set(at, ROLLOUT_SCHEMA.field("completion"))
+    for name, legacy in LEGACY_TYPES.items():
+        at = schema.get_field_index(name)
+        if at >= 0 and schema.field(at).type.equals(legacy):
+            schema = schema.set(at, ROLLOUT_SCHEMA.field(name))
+    return schema
 
 
 def upgrade_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A stored batch with today's column types: an older shard's completion messages get `reasoning` null."""
-    at = batch.schema.get_field_index("completion")
-    if at < 0 or not batch.schema.field(at).type.equals(LEGACY_COMPLETION_TYPE):
-        return batch
-    old = batch.column(at)
-    structs = old.values
-    reasoning = pa.nulls(len(structs), pa.string())
-    fields = [structs.field(i) for i in range(structs.type.num_fields)] + [reasoning]
-    names = [structs.type.field(i).name for i in range(structs.type.num_fields)] + ["reasoning"]
-    values = pa.StructArray.from_arrays(fields, names=names, mask=structs.is_null() if structs.null_count else None)
-    upgraded = pa.ListArray.from_arrays(old.offsets, values, type=ROLLOUT_SCHEMA.field("completion").type,
-                                        mask=old.is_null() if old.null_count else None)
-    return batch.set_column(at, ROLLOUT_SCHEMA.field("completion"), upgraded)
+    """A stored batch with today's column types: an older shard's new fields are null."""
+    for name, legacy in LEGACY_TYPES.items():
+        at = batch.schema.get_field_index(name)
+        if at >= 0 and batch.schema.field(at).type.equals(legacy):
+            batch = batch.set_column(at, ROLLOUT_SCHEMA.field(name), _upgraded(batch.column(at), name))
+    return batch
+
+
+def _upgraded(old: pa.Array, name: str) -> pa.Array:
+    """`old` (a legacy column) with the fields it lacks added as nulls."""
+    if name == "provenance":
+        return _with_null_fields(old, ROLLOUT_SCHEMA.field(name).type)
+    structs = _with_null_fields(old.values, ROLLOUT_SCHEMA.field(name).type.value_type)  # completion: list<message>
+    return pa.ListArray.from_arrays(old.offsets, structs, type=ROLLOUT_SCHEMA.field(name).type,
+                                    mask=old.is_null() if old.null_count else None)
+
+
+def _with_null_fields(structs: pa.StructArray, target: pa.StructType) -> pa.StructArray:
+    """The struct array with target's fields, in target's order; those it lacks are all null."""
+    have = {structs.type.field(i).name: structs.field(i) for i in range(structs.type.num_fields)}
+    fields = [have.get(f.name, pa.nulls(len(structs), f.type)) for f in target]
+    return pa.StructArray.from_arrays(fields, fields=list(target),
+                                      mask=structs.is_null() if structs.null_count else None)

@@ -14,7 +14,7 @@ from decimal import Decimal, InvalidOperation
 
 from hubgym.schemas import Message, Task
 from hubgym.schemas.messages import TOOL_ERROR_PREFIX
-from hubgym.verifiers.rewards import extract_answer, final_text
+from hubgym.verifiers.rewards import answer_in_format, extract_answer, final_text
 
 TOOL_REWARD = 0.1  # per successful call: a nudge toward the tool, small beside a correct answer
 MAX_REWARDED_CALLS = 2  # shaping stops here, so spamming the tool does not pay
@@ -35,15 +35,16 @@ def parse_integer(answer: str | None) -> Decimal | None:
 
 
 def parse_answer(task: Task, completion: list[Message]) -> str | None:
-    """The final reply's single number ("56088"); None when it has none or several."""
-    value = parse_integer(extract_answer(final_text(completion)))
+    """The answer in the task's format (`answer_found`): the single number inside the <answer> tag the prompt asks
+    for; None when there is none (a number elsewhere in the reply is no answer)."""
+    value = parse_integer(answer_in_format(task, completion))
     return None if value is None else str(value)
 
 
 def correct(task: Task, completion: list[Message]) -> float:
-    """1.0 when the answer equals info.answer exactly."""
-    answer = parse_answer(task, completion)
-    return float(answer is not None and Decimal(answer) == Decimal(task["info"]["answer"]))
+    """1.0 when the final reply's single number (tagged, else as written) equals info.answer exactly."""
+    value = parse_integer(extract_answer(final_text(completion)))
+    return float(value is not None and value == Decimal(task["info"]["answer"]))
 
 
 def tool_used(task: Task, completion: list[Message]) -> float:

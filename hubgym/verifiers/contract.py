@@ -5,7 +5,8 @@ A verifier module declares
     REWARDS = {correct_answer: 1.0, well_formatted: 0.0}   # fn(task, completion) -> float; weight 0 = metric
     REWARD_RANGE = (0.0, 1.0)                               # optional; bounds of the total reward
     SUCCESS_THRESHOLD = 1.0                                 # optional; a rollout with reward >= it succeeded
-                                                            # (default: the top of REWARD_RANGE)
+                                                            # (default: the sum of REWARDS' positive weights,
+                                                            # shaping aside; multi_turn: the top of REWARD_RANGE)
 
 optionally the answer parser that the rewards use (a reply where it finds none is an
 answer-format failure; `hubgym report` shows their share as `no_answer`):
@@ -155,7 +156,7 @@ class Verifier:
         self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
         self.parse_answer: ParseFn | None = _read_parser(module, env, self.rewards)
         self.reward_range: tuple[float, float] = _read_range(module, env)
-        self.success_threshold = float(getattr(module, "SUCCESS_THRESHOLD", self.reward_range[1]))
+        self.success_threshold = _read_threshold(module, self.rewards, self.reward_range, self.step is not None)
 
     @property
     def multi_turn(self) -> bool:
@@ -197,13 +198,28 @@ class Verifier:
                 components["steps"] = sum(s.reward for s in self.run_episode(task, actions).steps)
                 total += components["steps"]
             if task["interaction"]["tool_rewards"]:
-                components["tool_calls"] = tool_call_reward(task, completion)
+                components["tool_calls"] = exact(tool_call_reward(task, completion))
                 total += components["tool_calls"]
         except Exception as exc:  # a bad rollout is data, not a crash
             error: RowError = {"boundary": "verifier", "type": type(exc).__name__,
                                "message": (str(exc)[:1900] + raised_at(exc, self.source_path))}
             return Score(None, components, error)
-        return Score(total, components)
+        return Score(exact(total), components)
+
+
+def exact(value: float) -> float:
+    """A sum of float rewards as its terms mean it: 0.1 + 0.2 is 0.3, not 0.30000000000000004 (12 decimals kept)."""
+    return round(value, 12) + 0.0  # + 0.0: never -0.0
+
+
+def _read_threshold(module: ModuleType, rewards: dict, reward_range: tuple[float, float], multi_turn: bool) -> float:
+    """SUCCESS_THRESHOLD, else what a fully correct reply earns from REWARDS alone (each reward at 1.0: the sum of the
+    positive weights), so tool shaping on top never makes a correct answer without tools a failure; an env whose
+    reward comes from its steps succeeds at the top of REWARD_RANGE."""
+    if hasattr(module, "SUCCESS_THRESHOLD"):
+        return float(module.SUCCESS_THRESHOLD)
+    positive = sum(weight for _, weight in rewards.values() if weight > 0)
+    return min(positive, reward_range[1]) if positive and not multi_turn else reward_range[1]
 
 
 def raised_at(exc: BaseException, source: Path) -> str:

@@ -49,6 +49,19 @@ def extract_answer(text: str) -> str | None:
     return extract_tag(text, "answer") or extract_boxed(text) or extract_last_number(text)
 
 
+def asks_for_tag(task: Task, tag: str = "answer") -> bool:
+    """Whether the task's prompt asks for the answer inside <tag></tag> (then nothing else is an answer)."""
+    marker = f"<{tag}>"
+    return any(marker in (m["content"] or "") for m in task["prompt"])
+
+
+def answer_in_format(task: Task, completion: list[Message], tag: str = "answer") -> str | None:
+    """The answer in the format the task asks for: the last <tag> when its prompt asks for the tag (a number
+    elsewhere in the reply is no answer), else `extract_answer` (tag, \\boxed{}, then the last number)."""
+    text = final_text(completion)
+    return extract_tag(text, tag) if asks_for_tag(task, tag) else extract_answer(text)
+
+
 def math_equal(predicted: str | None, gold: str) -> bool:
     """Mathematical equivalence via math-verify (so '0.5', '1/2' and '\\frac{1}{2}' agree)."""
     if predicted is None or not predicted.strip():
