@@ -7,7 +7,7 @@ the cost of writing shards, and peak memory against the number of rollouts.
 
 One model and ONE `VLLMEngine` serve every measurement, in this process, so both sides share the
 model, the engine settings and the machine state. `--model tiny` (the default) is the tiny local
-model (hubgym.rollout.tiny_model) and runs all three parts below; `--model smollm2-135m` is
+model (hubgym.models.tiny) and runs all three parts below; `--model smollm2-135m` is
 SmolLM2-135M-Instruct (hubgym.models.resolve_model, fp32, its own ChatML template) on
 arithmetic:sums (its one-digit sums in plain words, the prompts that model answers), n=8, 48-token
 replies, and runs the throughput part only, into its own section of bench/RESULTS.md:
@@ -154,7 +154,7 @@ class MemoryRun:
 def make_engine(model_dir: Path, plan: Plan):
     from hubgym.models import resolve_model
     from hubgym.rollout import VLLMEngine
-    from hubgym.rollout.tiny_model import make_tiny_model
+    from hubgym.models.tiny import make_tiny_model
 
     folder = make_tiny_model(model_dir) if plan.model == "tiny" else resolve_model(plan.model)
     if plan.model != "tiny":  # 256 sequences of SmolLM2 (46 KiB of KV a token) need more than the tiny model's 1 GiB

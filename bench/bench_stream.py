@@ -60,7 +60,7 @@ def seed_rows(seed_run: Path | None, tmp: Path) -> list[dict]:
 
     if seed_run is None:
         from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
-        from hubgym.rollout.tiny_model import make_tiny_model
+        from hubgym.models.tiny import make_tiny_model
 
         seed_run, model = tmp / "seed-run", str(make_tiny_model(tmp / "tiny-model"))
         engine = VLLMEngine(model, max_model_len=512)

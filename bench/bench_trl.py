@@ -58,7 +58,7 @@ MODELS = {  # name -> TinyModelConfig overrides
 
 
 def make_model(name: str, root: Path) -> Path:
-    from hubgym.rollout.tiny_model import TinyModelConfig, make_tiny_model
+    from hubgym.models.tiny import TinyModelConfig, make_tiny_model
 
     return make_tiny_model(root / f"bench-grpo-{name}", TinyModelConfig(**MODELS[name]))
 

@@ -173,7 +173,7 @@ class VerifiersWorker:
 
 
 def main(args: argparse.Namespace) -> None:
-    from hubgym.rollout.tiny_model import make_tiny_model
+    from hubgym.models.tiny import make_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="bench-verifiers-"))
     print(f"work folder (model, tasks, server log, hubgym shards): {work}", file=sys.stderr)

@@ -234,3 +234,14 @@ class NodeError(HubgymError, RuntimeError):
     def __init__(self, message: str, rank: int | None = None, host: str | None = None):
         super().__init__(message, rank=rank, host=host)
         self.rank, self.host = rank, host
+
+
+def error_text(exc: BaseException) -> str:
+    """The message of a hubgym error; `Type: message` of anything else. A failed datasets build is reported by
+    the builder's own error underneath it (its `__cause__`)."""
+    import sys
+
+    build_errors = sys.modules.get("datasets.exceptions")  # datasets is not imported to ask: if absent, not one
+    if build_errors is not None and isinstance(exc, build_errors.DatasetGenerationError) and exc.__cause__:
+        exc = exc.__cause__
+    return str(exc) if isinstance(exc, HubgymError) else f"{type(exc).__name__}: {exc}"

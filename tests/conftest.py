@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A tiny Qwen2-style chat model + tokenizer written locally (deterministic, ~0.4M parameters)."""
-    from hubgym.rollout.tiny_model import make_tiny_model
+    from hubgym.models.tiny import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
 
@@ -26,7 +26,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def smollm2_model() -> Path:
     """SmolLM2-135M-Instruct as a model folder: converted once into the hubgym cache (locked across workers)."""
-    from hubgym.smollm2 import smollm2_folder
+    from hubgym.models.smollm2 import smollm2_folder
 
     return smollm2_folder(progress=False)
 

@@ -14,7 +14,7 @@ from hubgym.builders.families import load_index
 from hubgym.conformance import check_env
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
 from hubgym.schemas import assistant
-from hubgym.verifiers import reasoning_gym as verifier
+from hubgym.bridges import reasoning_gym_verifier as verifier
 
 REPRESENTATIVE = ["rg_basic_arithmetic", "rg_word_sorting", "rg_prime_factorization", "rg_game_of_life_halting"]
 """A plain one, one whose config fields are enums, one whose scorer raises on junk, one with partial credit."""

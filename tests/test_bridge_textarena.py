@@ -15,7 +15,7 @@ from hubgym.bridges.textarena import FAMILY, GAMES, TextArenaConfig, index_entri
 from hubgym.envs.build import build_tasks, make_builder
 from hubgym.conformance import check_env
 from hubgym.errors import EnvContractError, EnvNotFoundError
-from hubgym.verifiers.textarena import _drain, engine_class, private_random, reset, step
+from hubgym.bridges.textarena_verifier import _drain, engine_class, private_random, reset, step
 
 SEED = 11
 

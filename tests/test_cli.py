@@ -192,7 +192,7 @@ def test_main_job_runs_every_stage(tmp_path):
     for png in ("eval.png", "rescored/rescore.png", "train/metrics.png"):
         assert (out / png).stat().st_size > 0
     assert (out / "train" / "model" / "model.safetensors").exists()
-    from hubgym.hub.base import get_hub
+    from hubgym.hub.factory import get_hub
 
     card = (get_hub(out / "hub").resolve("demo/rollouts").path / "README.md").read_text()
     assert "config_name: initial" in card and "config_name: online" in card  # teacher run + online rollouts

@@ -15,7 +15,8 @@ import pytest
 from hubgym.builders.registry import env_names
 from hubgym.conformance import CHECKS, CheckResult, assert_env_ok, check_env, purity_guard
 from hubgym.conformance.tools import schema_problem
-from hubgym.conformance.runner import Context, iter_outcomes
+from hubgym.conformance.context import Context
+from hubgym.conformance.runner import iter_outcomes
 from hubgym.errors import EnvContractError, ImpureVerifierError
 from hubgym.tools import tool
 from hubgym.tools.base import Tool

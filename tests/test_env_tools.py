@@ -14,7 +14,7 @@ from hubgym.envs import load_env, open_env, push_env
 from hubgym.errors import ToolNotFoundError, VerifierNotTrustedError
 from hubgym.hub import LocalHub
 from hubgym.hub.trust import code_sha256
-from hubgym.scaffold import scaffold_env
+from hubgym.authoring.scaffold import scaffold_env
 from hubgym.schemas import assistant, tool_call
 from hubgym.tools.registry import make_toolbox
 

@@ -95,7 +95,7 @@ def test_smollm2_is_a_normal_model_folder(smollm2_model, smollm2_tokenizer):
 
 
 def test_a_gguf_that_cannot_be_converted_is_one_line_and_leaves_nothing(tmp_path):
-    from hubgym.smollm2 import convert
+    from hubgym.models.smollm2 import convert
 
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"GGUF" + os.urandom(4096))
@@ -128,7 +128,7 @@ def test_two_processes_converting_at_once_convert_once_and_a_killed_conversion_l
     """Both processes get the whole folder; one converts, the other waits on the lock and reuses it. A conversion
     killed part way leaves only a hidden temporary folder, which the next conversion removes."""
     env = {**os.environ, "HUBGYM_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    code = "from hubgym.smollm2 import smollm2_folder; print('folder', smollm2_folder())"
+    code = "from hubgym.models.smollm2 import smollm2_folder; print('folder', smollm2_folder())"
     killed = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     for _ in range(600):  # until its temporary folder appears: it is writing
         if list(tmp_path.glob(".smollm2-135m-instruct-*/*")):

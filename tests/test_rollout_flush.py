@@ -9,7 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from hubgym.fileio import sha256_file
+from hubgym.files import sha256_file
 from hubgym.rollout.writer import ShardWriter, worker_name
 from test_rollout_writer import group, read_ids
 

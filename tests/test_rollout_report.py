@@ -211,7 +211,7 @@ def test_a_report_table_never_cuts_a_column_name_however_narrow_the_terminal():
     import polars as pl
     from rich.console import Console
 
-    from hubgym.views import frame_table
+    from hubgym.app.views import frame_table
 
     frame = pl.DataFrame({"env": ["arithmetic", "calc_tools"], "mean_reward": [0.25, 0.5], "pass@1": [0.1, 0.2],
                           "no_answer": [0.05, 0.0], "mean_completion_tokens": [44.5, 80.0]})

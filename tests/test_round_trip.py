@@ -8,7 +8,7 @@ import datasets
 import pytest
 
 from hubgym.envs import push_env
-from hubgym.hub.base import get_hub
+from hubgym.hub.factory import get_hub
 from hubgym.hub.rollouts import iter_rollouts, push_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.score.rescore import plot_diff, rescore

@@ -3,7 +3,7 @@
 import json
 import multiprocessing
 
-from hubgym.rollout.tiny_model import TinyModelConfig, make_tiny_model
+from hubgym.models.tiny import TinyModelConfig, make_tiny_model
 
 SMALL = TinyModelConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
 

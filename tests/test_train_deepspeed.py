@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hubgym.fileio import replace_dir
+from hubgym.files import replace_dir
 from hubgym.train.checkpoint import latest_checkpoint
 from hubgym.train.config import ConfigError
 from hubgym.train.engine import DeepSpeedSettings

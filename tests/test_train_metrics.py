@@ -8,7 +8,7 @@ import json
 
 from rich.console import Console
 
-from hubgym.views import before_after_table
+from hubgym.app.views import before_after_table
 from hubgym.train.metrics import MetricsLog
 
 

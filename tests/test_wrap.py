@@ -21,7 +21,7 @@ from hubgym.cli import app
 from hubgym.conformance import check_env
 from hubgym.errors import EnvContractError, Where
 from hubgym.hub import LocalHub
-from hubgym.wrap import WrapSpec, wrap_dataset
+from hubgym.authoring.wrap import WrapSpec, wrap_dataset
 
 ROOT = Path(__file__).parents[1]
 GSM8K = ROOT / "hubgym" / "builders" / "data" / "gsm8k_tiny"  # answers end with "#### <number>"

@@ -8,12 +8,12 @@
 
 Each env is single_turn: the prompt is the generator's question under a system prompt asking for the answer
 inside <answer></answer>; `info` holds the generator's entry and what rebuilds its scorer (see
-hubgym.verifiers.reasoning_gym). Configs: `default` (the generator's own defaults) and, where the generator
+hubgym.bridges.reasoning_gym_verifier). Configs: `default` (the generator's own defaults) and, where the generator
 has a curriculum, `easy` and `hard` (its lowest and highest global level). Which generators and configs are
-bridged, with their config fields, is decided by probing the installed package (`write_index()`, see
+bridged, with their config fields, is decided by probing the installed package (see
 hubgym.bridges.reasoning_gym_probe) and shipped as JSON beside this module, so listing needs no import.
 
-Regenerate after upgrading reasoning-gym:  python -m hubgym.bridges.reasoning_gym
+Regenerate after upgrading reasoning-gym:  python -m hubgym.bridges.reasoning_gym_probe
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 from typing import Any, ClassVar, Iterator
 
 from hubgym.builders.base import TaskBuilder, TaskConfig, split_seed
@@ -29,12 +28,9 @@ from hubgym.builders.clock import Clock, at_clock
 from hubgym.builders.families import FamilyEnv, load_index, unknown_env
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
 from hubgym.schemas import Task, make_task, system, user
-from hubgym.verifiers.reasoning_gym import score_entry
+from hubgym.bridges.reasoning_gym_shipped import GOLDEN_DIR, INDEX, SPECS, load_specs  # noqa: F401 (re-exported)
+from hubgym.bridges.reasoning_gym_verifier import score_entry
 
-HERE = Path(__file__).parent
-INDEX = HERE / "reasoning_gym_index.json"  # FamilyEnv rows (hubgym.builders.families format)
-SPECS = HERE / "reasoning_gym_specs.json"  # per env: generator, config fields, sizes; EXCLUDED; dropped configs
-GOLDEN_DIR = HERE / "golden"
 SYSTEM_PROMPT = ("Solve the task. Think it through, then give only your final answer inside <answer></answer>, "
                  "in the format the task asks for.")
 DRAWS_PER_ROW = 3  # a split draws at most 3 * size + 30 items to find `size` distinct questions
@@ -69,7 +65,7 @@ class ReasoningGymTask(TaskBuilder):
 
     GENERATOR: ClassVar[str]
     CLOCK: ClassVar[Clock | None] = None  # the pinned clock of a generator that reads the date (see the probe)
-    VERIFIER = "hubgym.verifiers.reasoning_gym"
+    VERIFIER = "hubgym.bridges.reasoning_gym_verifier"
     BUILDER_CONFIG_CLASS = GeneratorConfig
     ROWS_IN_RANDOM_ORDER = True  # each row from its own seed: a mixture need not shuffle them
 
@@ -130,7 +126,7 @@ def iter_entries(generator: str, params_json: str, seed: int, size: int, banned:
     except Exception as exc:
         raise EnvContractError(f"reasoning-gym's {generator!r} refused its config: {type(exc).__name__}: {exc}",
                                Where(where.env, where.config, where.split, field="params"),
-                               "regenerate the index (python -m hubgym.bridges.reasoning_gym) for the installed "
+                               "regenerate the index (python -m hubgym.bridges.reasoning_gym_probe) for the installed "
                                "reasoning-gym") from exc
     drawn = 0
     for index in range(limit):
@@ -149,7 +145,7 @@ def checked_entry(generator: str, params: dict[str, Any], dataset: Any, index: i
     entry is not JSON, or its own scorer does not give its own answer full marks."""
     at = Where(where.env, where.config, where.split, f"{generator}[{index}]")
     fix = ("leave the generator or config out: add it to the probe's exclusions and rerun "
-           "python -m hubgym.bridges.reasoning_gym")
+           "python -m hubgym.bridges.reasoning_gym_probe")
     try:
         item = dataset[index]
     except Exception as exc:
@@ -183,12 +179,6 @@ def _canonical(params: dict[str, Any]) -> str:
 
 
 # -- the family ------------------------------------------------------------------------------
-
-@cache
-def load_specs() -> dict[str, Any]:
-    """The shipped specs: {"version", "envs": {env: spec}, "excluded": {generator: reason}, "dropped_configs"}."""
-    return json.loads(SPECS.read_text())
-
 
 EXCLUDED: dict[str, str] = load_specs()["excluded"]
 """Generators that are not envs, by reasoning-gym name, with why (found by probing; see reasoning_gym_probe)."""
@@ -241,14 +231,3 @@ def _builder(name: str) -> type[ReasoningGymTask]:
 
 
 FAMILY = ReasoningGymFamily()
-
-
-def write_index() -> None:
-    """Probe the installed reasoning-gym and rewrite the index, the specs and the golden files."""
-    from hubgym.bridges.reasoning_gym_probe import write_all
-
-    write_all(INDEX, SPECS, GOLDEN_DIR)
-
-
-if __name__ == "__main__":
-    write_index()

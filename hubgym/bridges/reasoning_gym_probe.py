@@ -33,7 +33,7 @@ from typing import Any
 from hubgym.builders.clock import CHECK_CLOCKS, PINNED_CLOCK, Clock, at_clock
 from hubgym.builders.families import FamilyEnv, write_index
 from hubgym.errors import EnvContractError, Where
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 from hubgym.bridges.reasoning_gym import checked_entry, draw_entries, task_from_entry
 
 PREFIX = "rg_"
@@ -100,7 +100,8 @@ def hash_seed_sensitive(generators: list[str]) -> list[str]:
     subprocesses (PYTHONHASHSEED 1 and 2), since builds in one process always agree with each other."""
     samples = []
     for hash_seed in ("1", "2"):
-        done = subprocess.run([sys.executable, "-m", "hubgym.bridges.reasoning_gym_probe", *generators],
+        command = [sys.executable, "-m", "hubgym.bridges.reasoning_gym_probe", "--sample", *generators]
+        done = subprocess.run(command,
                               env={**os.environ, "PYTHONHASHSEED": hash_seed}, capture_output=True, text=True,
                               check=True)
         samples.append(json.loads(done.stdout.rsplit(MARK, 1)[1]))  # generators print to stdout too
@@ -259,7 +260,7 @@ def describe(dataset_cls: type, generator: str) -> str:
 def golden_cases(env: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """Golden cases from the generator's own answers (1.0), a wrong answer (the scorer's value, 0.0 where one
     of WRONG_ANSWERS gets it), and a right answer without the tag (0.0), on the default config."""
-    from hubgym.verifiers.reasoning_gym import score_entry
+    from hubgym.bridges.reasoning_gym_verifier import score_entry
 
     generator, params = spec["generator"], spec["configs"]["default"]
     where = Where(env, "default", "golden")
@@ -315,5 +316,16 @@ def write_all(index: Path, specs: Path, golden_dir: Path) -> None:
     write_index(index, family_entries(envs))
 
 
-if __name__ == "__main__":  # the subprocess of hash_seed_sensitive
-    print("\n" + MARK + json.dumps({generator: sample_items(generator) for generator in sys.argv[1:]}))
+def main(argv: list[str]) -> None:
+    """`python -m hubgym.bridges.reasoning_gym_probe`: probe the installed reasoning-gym and rewrite the shipped
+    index, specs and golden files. With `--sample GENERATOR...`: the second process of hash_seed_sensitive."""
+    if argv[:1] == ["--sample"]:
+        print("\n" + MARK + json.dumps({generator: sample_items(generator) for generator in argv[1:]}))
+        return
+    from hubgym.bridges.reasoning_gym_shipped import GOLDEN_DIR, INDEX, SPECS
+
+    write_all(INDEX, SPECS, GOLDEN_DIR)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

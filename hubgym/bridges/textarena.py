@@ -8,7 +8,7 @@
 Each env is one TextArena game (PyPI `textarena`, imported by `builder` and the verifier only). Its configs
 are the game's registered difficulty variants (`TowerOfHanoi-v0-medium` -> config "medium"; the plain id is
 "default"), with TextArena's own arguments. A row holds the game, those arguments and a seed; the verifier
-(`hubgym.verifiers.textarena`) rebuilds the game from the seed and the stored actions at every step, so its
+(`hubgym.bridges.textarena_verifier`) rebuilds the game from the seed and the stored actions at every step, so its
 `step` is pure. `write_index()` regenerates the shipped index from the installed TextArena.
 
 Games left out, and why: FifteenPuzzle (its shuffle makes unsolvable boards half the time), Minesweeper (a
@@ -33,6 +33,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, Iterator
 
+from hubgym.bridges.textarena_games import GAMES, Game, variants
 from hubgym.builders.base import TaskBuilder, TaskConfig
 from hubgym.builders.families import FamilyEnv, load_index, unknown_env
 from hubgym.builders.families import write_index as write_family_index
@@ -41,67 +42,17 @@ from hubgym.schemas import Task, interaction, make_task, system
 
 HERE = Path(__file__).resolve().parent
 INDEX = HERE / "textarena.json"
-VERIFIER = "hubgym.verifiers.textarena"
+VERIFIER = "hubgym.bridges.textarena_verifier"
 HELD_OUT = 5  # one seed in HELD_OUT is kept out of the train split
-WRAPPER_SUFFIXES = ("-train", "-raw")  # TextArena registers each id again per observation wrapper: same game
 SYSTEM = ("You are playing {title}, a single-player text game. The game's rules and its opening follow; the "
           "game answers each reply. Reply with one move per turn, in the bracketed format the rules give. An "
           "invalid move is explained and uses up a turn; the {max_invalid} invalid move loses the game.")
-
-
-@dataclass(frozen=True)
-class Game:
-    """One bridged TextArena game: what the catalog says about it and which registered ids are its configs."""
-
-    engine: str  # its key in hubgym.verifiers.textarena.ENGINES
-    textarena_id: str  # the registered base id; it and its "-<difficulty>" variants are the configs
-    title: str
-    tags: tuple[str, ...]
-    description: str
-    sizes: dict[str, int] = field(default_factory=lambda: {"train": 200, "test": 50})
-    may_not_open: bool = False  # some seeds make TextArena fail at reset: the builder tries each seed first
-    extra_move: int = 1  # TextArena checks most turn limits before counting the move: max_turns + 1 valid moves
-    turn_limit: int | None = None  # for games without a max_turns argument: the limit TextArena fixes
-    skip: tuple[str, ...] = ()  # registered variants left out (see the module docstring)
-
-
-GAMES: dict[str, Game] = {
-    "ta_frozen_lake": Game("frozen_lake", "FrozenLake-v0", "Frozen Lake", ("games", "puzzle", "grid", "navigation"),
-                           "walk across a frozen lake to the goal without falling into a hole (TextArena FrozenLake)",
-                           turn_limit=100),
-    "ta_guess_the_number": Game("guess_the_number", "GuessTheNumber-v0", "Guess The Number",
-                                ("games", "puzzle", "search"),
-                                "find a secret number from higher/lower hints (TextArena GuessTheNumber)"),
-    "ta_lights_out": Game("lights_out", "LightsOut-v0", "Lights Out", ("games", "puzzle", "grid"),
-                          "switch off every light of a 5x5 grid where a press toggles its neighbours (TextArena LightsOut)",
-                          extra_move=0, may_not_open=True),
-    "ta_mastermind": Game("mastermind", "Mastermind-v0", "Mastermind", ("games", "puzzle", "deduction"),
-                          "crack a secret digit code from black/white peg feedback (TextArena Mastermind)"),
-    "ta_sudoku": Game("sudoku", "Sudoku-v0", "Sudoku", ("games", "puzzle", "grid", "logic"),
-                      "fill a 9x9 Sudoku grid one cell at a time (TextArena Sudoku)", skip=("hard",),
-                      sizes={"train": 100, "test": 25}),
-    "ta_tower_of_hanoi": Game("tower_of_hanoi", "TowerOfHanoi-v0", "Tower of Hanoi", ("games", "puzzle", "planning"),
-                              "move a disk tower from A to C one disk at a time (TextArena TowerOfHanoi; one fixed "
-                              "puzzle per config)", sizes={"train": 1, "test": 1}),
-}
-"""Every env of the family. Tower of Hanoi draws nothing from its seed, so each config is one puzzle."""
 
 
 @dataclass
 class TextArenaConfig(TaskConfig):
     options: dict[str, Any] = field(default_factory=dict)  # the TextArena env's constructor arguments
     max_invalid: int = 3  # the max_invalid-th invalid move forfeits the game
-
-
-def variants(textarena_id: str, skip: tuple[str, ...] = ()) -> dict[str, dict[str, Any]]:
-    """{config name: TextArena arguments} of a game's registered difficulty variants, "default" first."""
-    from textarena.envs.registration import ENV_REGISTRY
-
-    found = {"default": dict(ENV_REGISTRY[textarena_id].kwargs)}
-    for env_id, spec in ENV_REGISTRY.items():
-        if env_id.startswith(textarena_id + "-") and not env_id.endswith(WRAPPER_SUFFIXES):
-            found[env_id[len(textarena_id) + 1:]] = dict(spec.kwargs)
-    return {name: options for name, options in found.items() if name not in skip}
 
 
 def index_entries() -> list[FamilyEnv]:
@@ -131,7 +82,7 @@ class TextArenaGame(TaskBuilder):
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:
         """Distinct seeds of this split whose game opens without error, each a row."""
-        from hubgym.verifiers.textarena import replay
+        from hubgym.bridges.textarena_verifier import replay
 
         cfg, rng, game = self.config, random.Random(seed), self.GAME
         self._check(split, size)
@@ -157,7 +108,7 @@ class TextArenaGame(TaskBuilder):
 
     def _check(self, split: str, size: int) -> None:
         """Arguments are validated here, once, before any row is drawn."""
-        from hubgym.verifiers.textarena import check_options
+        from hubgym.bridges.textarena_verifier import check_options
 
         where, cfg = Where(self.ENV, self.config.name, split), self.config
         if cfg.max_invalid < 1:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from hubgym.errors import EnvNotFoundError
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from hubgym.builders.base import TaskBuilder

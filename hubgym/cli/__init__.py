@@ -7,9 +7,9 @@
     hubgym stats                                       hubgym.cli.stats     (per-task difficulty across runs)
     hubgym eval                                        hubgym.cli.evaluate  (held-out reward of a model)
     hubgym train                                       hubgym.cli.train     (GRPO)
-    hubgym demo                                        hubgym.cli.demo      (the main job, hubgym.pipeline)
+    hubgym demo                                        hubgym.cli.demo      (the main job, hubgym.app.pipeline)
 
-Tables and progress bars come from hubgym.views, which the main job uses too; nothing below the CLI
+Tables and progress bars come from hubgym.app.views, which the main job uses too; nothing below the CLI
 imports it.
 """
 

@@ -18,7 +18,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from hubgym.errors import HubgymError
+from hubgym.errors import HubgymError, error_text
 
 app = typer.Typer(name="hubgym", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="RL environments for language models as plain data: build, check, push, sample, score, train.")
@@ -49,8 +49,6 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             if not isinstance(exc, HubgymError) and not _failed_dataset_build(exc):
                 raise
-            from hubgym.views import error_text
-
             fail(error_text(exc))
     return run
 

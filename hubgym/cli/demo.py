@@ -1,4 +1,4 @@
-"""`hubgym demo`: the main job (hubgym.pipeline) from the command line.
+"""`hubgym demo`: the main job (hubgym.app.pipeline) from the command line.
 
     hubgym demo --out out/demo                 # SmolLM2-135M-Instruct learns one-digit sums
     hubgym demo --model tiny                   # the tiny random model: the same pipeline in about 2 minutes
@@ -32,7 +32,7 @@ def demo(out: Annotated[Path, typer.Option(help="where everything the job makes 
     from hubgym.rollout.vllm_logging import set_verbose
 
     set_verbose(verbose)
-    from hubgym.pipeline import RECIPES, DemoSettings, run_demo
+    from hubgym.app.pipeline import RECIPES, DemoSettings, run_demo
 
     if model not in RECIPES:
         fail(f"--model {model}: the demo trains one of {', '.join(RECIPES)}; for another model use `hubgym train` "

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 from rich.text import Text
 
-from hubgym import views
+from hubgym.app import views
 from hubgym.cli.app import HUB_HELP, app, console, fail, user_errors
 from hubgym.errors import EnvContractError, HubgymError, Where
 
@@ -90,7 +90,7 @@ def init(name: Annotated[str, typer.Argument(help="env name: a lowercase Python 
          parent: Annotated[Path, typer.Option("--dir", help="folder to create NAME/ in")] = Path("."),
          kind: Annotated[Kind, typer.Option(help="interaction kind of the example env")] = Kind.single_turn) -> None:
     """Scaffold a working env of one kind (builder, verifier, golden cases, README, tests) in DIR/NAME/."""
-    from hubgym.scaffold import scaffold_env
+    from hubgym.authoring.scaffold import scaffold_env
 
     folder = scaffold_env(name, parent, kind.value)
     files = ", ".join(sorted(p.name for p in folder.iterdir()))

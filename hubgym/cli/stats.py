@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from hubgym import views
+from hubgym.app import views
 from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
 
 

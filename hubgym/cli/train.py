@@ -21,7 +21,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from hubgym import views
+from hubgym.app import views
 from hubgym.cli.app import HUB_HELP, Verbose, app, console, user_errors
 from hubgym.envs.pins import PIN_HELP, parse_pins
 

@@ -52,7 +52,7 @@ def wrap(dataset: Annotated[str, typer.Argument(help="a folder of Parquet/JSON/C
          force: Annotated[bool, typer.Option("--force", help="replace --out when it exists and is not empty")]
          = False) -> None:
     """Write an env folder (builder, verifier, golden cases, README, data/) made from a dataset's columns."""
-    from hubgym.wrap import WrapSpec, parse_split_map, wrap_dataset
+    from hubgym.authoring.wrap import WrapSpec, parse_split_map, wrap_dataset
 
     spec = WrapSpec(dataset, prompt=prompt, answer=answer, reward=reward.value, out=out, config=config,
                     revision=revision, split_map=parse_split_map(split_map), choices=choices, system=system,

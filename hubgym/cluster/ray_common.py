@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any
 
 from hubgym.errors import ClusterError
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 
 INSTALL_HINT = "pip install 'hubgym[ray]'"
 CONNECT_TIMEOUT_S = 30.0  # an address that does not answer within this is reported, not waited on

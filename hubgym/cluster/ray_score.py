@@ -115,7 +115,7 @@ def localized(specs: Mapping[str, Any], sources: Mapping[str, bytes]) -> dict[st
 
             cached = Path(tempfile.gettempdir()) / "hubgym-verifiers" / hashlib.sha256(source).hexdigest() / path.name
             if not cached.is_file():
-                from hubgym.fileio import atomic_write_bytes
+                from hubgym.files import atomic_write_bytes
 
                 atomic_write_bytes(cached, source)
             spec = replace(spec, path=str(cached))

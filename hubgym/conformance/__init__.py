@@ -21,7 +21,7 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "CHECKS": "hubgym.conformance.checks",
-    "CheckResult": "hubgym.conformance.runner", "CheckSkipped": "hubgym.conformance.runner",
+    "CheckResult": "hubgym.conformance.runner", "CheckSkipped": "hubgym.conformance.common",
     "assert_env_ok": "hubgym.conformance.runner", "check_env": "hubgym.conformance.runner",
     "iter_checks": "hubgym.conformance.runner",
     "Violation": "hubgym.conformance.purity", "purity_guard": "hubgym.conformance.purity",

@@ -1,6 +1,6 @@
 """The named conformance checks, in the order they run (`CHECKS`).
 
-Each check is a small function of the shared Context (hubgym.conformance.runner) that returns
+Each check is a small function of the shared Context (hubgym.conformance.context) that returns
 None or raises EnvContractError: what went wrong and its most likely cause, where (env, config,
 split, row id, field), and how to fix it. Checks never `assert` (asserts vanish under
 `python -O`). Checks that do not apply to an env (reset/step checks of a single_turn env) pass.
@@ -27,7 +27,7 @@ from hubgym.schemas import KINDS, TASK_FEATURES, Task, task_id, validate_tasks
 from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
 
 if TYPE_CHECKING:
-    from hubgym.conformance.runner import Context
+    from hubgym.conformance.context import Context
 
 DOC_SECTIONS = ("Task", "Row schema", "Reward", "Arguments", "Version history")
 _PURE_FIX = ("keep scoring pure: read shipped data at import time, keep caches in memory, and return values "

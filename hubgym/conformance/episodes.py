@@ -23,7 +23,7 @@ from hubgym.schemas import Task
 from hubgym.verifiers.contract import Verifier, actions_of
 
 if TYPE_CHECKING:
-    from hubgym.conformance.runner import Context
+    from hubgym.conformance.context import Context
 
 REPLAY_ROWS = 3  # built rows per split that the reset/step check also replays the golden actions on
 STEP_CALLS = 200  # the episodes run again until at least this many more steps were taken on the fresh copy
@@ -106,7 +106,7 @@ def fresh_copy(verifier: Verifier) -> Verifier:
 
 def _replays(ctx: Context) -> Iterator[tuple[Task, list[str], str, Where]]:
     """(task, actions, label, where): the golden episodes, then golden and synthetic actions on a few built rows."""
-    from hubgym.conformance.runner import GENERIC_REPLY
+    from hubgym.conformance.context import GENERIC_REPLY
 
     sequences = [("the actions '' and a generic reply", ["", GENERIC_REPLY])]
     try:

@@ -107,15 +107,13 @@ def _is_path(name: str) -> bool:
 
 def _check_in_child(name: str, configs: list[str] | None, max_rows: int, writer: Connection) -> None:
     """The worker: send each result as its check finishes, then _DONE."""
-    from hubgym.views import failed  # a builder that cannot even be resolved is a "load" failure row, as serially
-
     _thread_only_progress_lock()
     started = time.perf_counter()
     try:
         for result in iter_checks(name, configs=configs, max_rows=max_rows):
             writer.send(result)
     except Exception as exc:
-        writer.send(failed(name, "load", exc, started))
+        writer.send(CheckResult.failure(name, "load", exc, started))  # unresolvable: a "load" row, as serially
     writer.send(_DONE)
     writer.close()
 

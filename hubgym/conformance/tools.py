@@ -20,7 +20,7 @@ from hubgym.errors import ToolNotFoundError, Where
 from hubgym.schemas import tool_call
 
 if TYPE_CHECKING:
-    from hubgym.conformance.runner import Context
+    from hubgym.conformance.context import Context
     from hubgym.tools.base import Tool
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI-compatible servers accept

@@ -7,7 +7,8 @@
 - refs: the one env-name rule (ENV_NAME_RULE) and the one parser of references (names, versioned ids,
   paths, `org/name@revision`, each with `:CONFIG`);
 - pins: the one parser of `--pin` (a hub env's code sha256);
-- open: `open_env` / `load_env` / `resolve_env`, returning one record, OpenedEnv, for every kind of env;
+- open, resolve: `open_env` / `load_env`, returning one record, OpenedEnv, for every kind of env;
+  `resolve_env`, a local reference's builder;
 - opened: that record, and the one data path of task rows (builder-generated or streamed from a hub);
 - hubenv: a hub revision's manifest, code (pinned or trusted) and task files;
 - stored: the rule that stored data never chooses code (`stored_env_verifier`);
@@ -28,8 +29,8 @@ _EXPORTS: dict[str, str] = {
     "split_version": "hubgym.envs.refs",
     "PIN_HELP": "hubgym.envs.pins", "parse_pins": "hubgym.envs.pins",
     "OpenedEnv": "hubgym.envs.opened", "builder_rows": "hubgym.envs.opened",
-    "known_config": "hubgym.envs.open", "load_env": "hubgym.envs.open", "open_env": "hubgym.envs.open",
-    "resolve_env": "hubgym.envs.open",
+    "load_env": "hubgym.envs.open", "open_env": "hubgym.envs.open",
+    "known_config": "hubgym.envs.resolve", "resolve_env": "hubgym.envs.resolve",
     "stored_env_verifier": "hubgym.envs.stored",
     "build_files": "hubgym.envs.build", "build_tasks": "hubgym.envs.build", "make_builder": "hubgym.envs.build",
     "PushResult": "hubgym.envs.push", "push_env": "hubgym.envs.push",

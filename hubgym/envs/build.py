@@ -8,7 +8,7 @@ from pathlib import Path
 import datasets
 
 from hubgym.builders.base import TaskBuilder
-from hubgym.envs.open import resolve_env
+from hubgym.envs.resolve import resolve_env
 
 
 _BUILD_DIRS: list[tempfile.TemporaryDirectory] = []

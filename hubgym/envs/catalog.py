@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from hubgym.builders import registry
 from hubgym.builders.families import FamilyEnv
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 
 if TYPE_CHECKING:
     from hubgym.builders.base import TaskBuilder
@@ -162,7 +162,7 @@ def _builder_module_sha256(name: str) -> str | None:
 
 
 def _builder_entry(name: str, source: str) -> EnvEntry:
-    from hubgym.envs.open import resolve_env
+    from hubgym.envs.resolve import resolve_env
 
     try:
         return describe(resolve_env(name), name, source)

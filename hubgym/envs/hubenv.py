@@ -8,6 +8,7 @@ and tools module come from the revision itself.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import datasets
@@ -15,7 +16,8 @@ import datasets
 from hubgym.envs.opened import OpenedEnv
 from hubgym.envs.refs import EnvRef
 from hubgym.errors import EnvContractError, Where
-from hubgym.hub.base import HubBackend, Snapshot, get_hub, hub_argument
+from hubgym.hub.base import HubBackend, Snapshot
+from hubgym.hub.factory import get_hub, hub_argument
 from hubgym.hub.manifest import MANIFEST_FILE, METADATA_FILES, config_files, read_manifest
 from hubgym.hub.trust import load_hub_verifier
 from hubgym.schemas.tasks import TASK_FEATURES
@@ -30,8 +32,9 @@ def open_hub_env(ref: EnvRef, *, trust: bool, pin: str | None, hub: Any) -> Open
     manifest = read_manifest(meta.path, pinned)
     verifier = load_hub_verifier(meta.path, manifest, pinned, trust=trust, pin=pin, hub=hub_argument(backend))
     config, _ = config_files(manifest, pinned, ref.config, None)
+    read = functools.partial(read_hub_tasks, backend, meta, manifest, config)
     return OpenedEnv(manifest["env"], config, verifier, ref, repo=ref.repo, revision=meta.revision,
-                     manifest=manifest, path=meta.path, _hub=(backend, meta))
+                     manifest=manifest, path=meta.path, read=read)
 
 
 def read_hub_tasks(backend: HubBackend, meta: Snapshot, manifest: dict, config: str, split: str | None,

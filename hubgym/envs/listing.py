@@ -16,7 +16,7 @@ from typing import Callable
 
 from hubgym.builders.base import TaskBuilder
 from hubgym.builders.families import FamilyEnv
-from hubgym.envs.open import resolve_env
+from hubgym.envs.resolve import resolve_env
 from hubgym.envs.refs import parse_ref
 
 __all__ = ["Listed", "Listing", "listing"]

@@ -14,39 +14,15 @@ envs only here; stored data is never a reference (hubgym.envs.stored).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from hubgym.builders.base import TaskBuilder
-from hubgym.builders.registry import builder_by_name, load_builder_file
-from hubgym.envs.opened import OpenedEnv
+from hubgym.envs.build import build_tasks
+from hubgym.envs.opened import OpenedEnv, builder_rows
 from hubgym.envs.pins import parse_pins
 from hubgym.envs.refs import EnvRef, parse_ref
-from hubgym.errors import EnvContractError, EnvNotFoundError, Where
-
-EnvSpec = str | os.PathLike | EnvRef | type[TaskBuilder]
-
-
-def resolve_env(spec: EnvSpec) -> type[TaskBuilder]:
-    """The builder class of a local env reference (a name, versioned id, entry point, folder or .py file)."""
-    if isinstance(spec, type) and issubclass(spec, TaskBuilder):
-        return spec
-    ref = spec if isinstance(spec, EnvRef) else parse_ref(spec)
-    if ref.kind == "hub":
-        raise EnvNotFoundError(f"{ref.text!r} is a hub env (org/name): open it with hubgym.envs.open_env or "
-                               f"hubgym.load_env, which check its code against a pin")
-    if ref.kind == "path":
-        return load_builder_file(ref.path / "builder.py" if ref.path.is_dir() else ref.path)
-    from hubgym.builders.registry import is_registered
-
-    if not is_registered(ref.name) and os.path.isdir(ref.text):  # a bare word names a registered env first
-        return load_builder_file(os.path.join(ref.text, "builder.py"))  # type: ignore[arg-type]
-    builder = builder_by_name(ref.name)
-    if ref.version is not None and builder.ENV_VERSION != ref.version:
-        raise EnvNotFoundError(f"env {ref.name!r} is at version {builder.ENV_VERSION}, not {ref.version}; "
-                               f"use {builder.env_id()!r} or install the version you need")
-    return builder
+from hubgym.envs.resolve import EnvSpec, known_config, resolve_env
 
 
 def open_env(spec: EnvSpec, config: str | None = None, *, hub: Any = None, trust: bool = False,
@@ -62,7 +38,8 @@ def open_env(spec: EnvSpec, config: str | None = None, *, hub: Any = None, trust
 
         return open_hub_env(ref, trust=trust, pin=pin or parse_pins(dict(pins or {})).get(ref.repo), hub=hub)
     builder = resolve_env(spec if isinstance(spec, type) else ref)
-    return OpenedEnv(builder.ENV, known_config(builder, ref.config), builder.verifier(), ref, builder=builder)
+    config = known_config(builder, ref.config)
+    return OpenedEnv(builder.ENV, config, builder.verifier(), ref, builder=builder, read=_built(builder, config))
 
 
 def load_env(spec: EnvSpec, *, trust: bool = False, pin: str | None = None, streaming: bool = False,
@@ -77,12 +54,12 @@ def load_env(spec: EnvSpec, *, trust: bool = False, pin: str | None = None, stre
     return opened
 
 
-def known_config(builder: type[TaskBuilder], config: str | None) -> str:
-    """`config`, or the builder's first; an unknown one is an error listing the known ones."""
-    known = builder.config_names()
-    if config is None:
-        return known[0]
-    if config not in known:
-        raise EnvContractError(f"env {builder.ENV!r} has no config {config!r}", Where(env=builder.ENV, config=config),
-                               f"write ENV:CONFIG with one of its configs: {', '.join(known)}")
-    return config
+def _built(builder: type[TaskBuilder], config: str):
+    """How a local env reads whole splits: built now, into a fresh cache (an unknown split names the known ones)."""
+    def read(split: str | None, streaming: bool) -> Any:
+        built = build_tasks(builder, config)
+        if split is not None and split not in built:
+            builder_rows(builder, config, split)  # raises, naming the splits
+        return built if split is None else built[split]
+
+    return read

@@ -27,7 +27,6 @@ from hubgym.verifiers.contract import Verifier
 
 if TYPE_CHECKING:
     from hubgym.builders.base import TaskBuilder
-    from hubgym.hub.base import HubBackend, Snapshot
 
 RowFactory = Callable[[], Iterator[Task]]
 
@@ -47,7 +46,7 @@ class OpenedEnv:
     manifest: dict | None = None  # a hub env's hubgym.json
     path: Path | None = None  # a hub env's snapshot folder (metadata only when streaming)
     tasks: Any = None  # rows a loader read: a datasets Dataset (load_env) or a list of rows (take)
-    _hub: tuple[HubBackend, Snapshot] | None = field(default=None, repr=False)
+    read: Callable[[str | None, bool], Any] | None = field(default=None, repr=False)  # (split, streaming) -> datasets
 
     @property
     def kind(self) -> str:
@@ -103,17 +102,7 @@ class OpenedEnv:
     def dataset(self, split: str | None = None, *, streaming: bool = False) -> Any:
         """The split (or every split: a DatasetDict) as `datasets` gives it: built for a local env, read from the
         revision's Parquet files for a hub env (streamed with `streaming`)."""
-        if self.builder is not None:
-            from hubgym.envs.build import build_tasks
-
-            built = build_tasks(self.builder, self.config)
-            if split is not None and split not in built:
-                builder_rows(self.builder, self.config, split)  # raises, naming the splits
-            return built if split is None else built[split]
-        from hubgym.envs.hubenv import read_hub_tasks
-
-        backend, meta = self._hub  # type: ignore[misc]
-        return read_hub_tasks(backend, meta, self.manifest, self.config, split, streaming)
+        return self.read(split, streaming)  # type: ignore[misc]  (set by whoever opened the env)
 
     def check_tools(self, tasks: list[Task], split: str) -> None:
         """Every tool the rows offer resolves (the env's own tools, then the registry); else one error naming the

@@ -24,9 +24,10 @@ import pyarrow.parquet as pq
 
 from hubgym import __version__
 from hubgym.builders.base import TaskBuilder
-from hubgym.envs.open import resolve_env
+from hubgym.envs.resolve import resolve_env
 from hubgym.errors import EnvContractError, Where
-from hubgym.hub.base import FileSource, HubBackend, get_hub, hub_argument
+from hubgym.hub.base import FileSource, HubBackend
+from hubgym.hub.factory import get_hub, hub_argument
 from hubgym.hub.card import render_card
 from hubgym.hub.manifest import (
     CARD_FILE, FORMAT, GOLDEN_FILE, MANIFEST_FILE, TOOLS_FILE, VERIFIER_FILE, data_path, dumps,

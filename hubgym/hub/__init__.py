@@ -19,7 +19,7 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "HubBackend": "hubgym.hub.base", "Revision": "hubgym.hub.base", "Snapshot": "hubgym.hub.base",
-    "get_hub": "hubgym.hub.base", "parse_ref": "hubgym.hub.base",
+    "get_hub": "hubgym.hub.factory", "hub_argument": "hubgym.hub.factory", "parse_ref": "hubgym.hub.base",
     "HfHub": "hubgym.hub.hf", "LocalHub": "hubgym.hub.local",
     "MANIFEST_FILE": "hubgym.hub.manifest", "TOOLS_FILE": "hubgym.hub.manifest", "VERIFIER_FILE": "hubgym.hub.manifest",
     "read_manifest": "hubgym.hub.manifest",

@@ -5,7 +5,7 @@ Two backends implement it: `HfHub` (the Hugging Face Hub through huggingface_hub
 revision id, keep old revisions loadable, and hand back a revision as a local folder laid out
 exactly like the Hub repo, so `datasets.load_dataset(snapshot.path, CONFIG)` behaves the same.
 
-    hub = get_hub()                              # $HUBGYM_HUB: "hf", an endpoint URL, or a folder
+    hub = get_hub()                              # $HUBGYM_HUB: "hf", an endpoint URL, or a folder (hubgym.hub.factory)
     hub.create_repo("org/arith")
     rev = hub.commit("org/arith", {"README.md": b"...", "data/x.parquet": Path("x.parquet")}, "push")
     snap = hub.resolve("org/arith", rev)         # Snapshot(repo, revision, path)
@@ -13,7 +13,6 @@ exactly like the Hub repo, so `datasets.load_dataset(snapshot.path, CONFIG)` beh
 
 from __future__ import annotations
 
-import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -112,34 +111,6 @@ def parse_ref(ref: str) -> tuple[str, str | None]:
     if at and not revision:
         raise EnvNotFoundError(f"{ref!r} has an empty revision after '@'; write org/name@<commit id or branch>")
     return repo, check_revision(revision) if at else None
-
-
-def get_hub(spec: HubBackend | str | os.PathLike | None = None) -> HubBackend:
-    """The hub named by `spec`, else by $HUBGYM_HUB, else the local hub folder ~/.cache/hubgym/hub.
-
-    "hf" (or "huggingface") is the Hugging Face Hub at HF_ENDPOINT; an http(s) URL is a Hub-API
-    server at that URL; anything else is a local hub folder.
-    """
-    if isinstance(spec, HubBackend):
-        return spec
-    spec = os.fspath(spec) if spec is not None else os.environ.get(HUB_ENV_VAR) or str(DEFAULT_LOCAL_HUB)
-    if spec in ("hf", "hf:", "huggingface"):
-        from hubgym.hub.hf import HfHub
-
-        return HfHub()
-    if spec.startswith(("http://", "https://")):
-        from hubgym.hub.hf import HfHub
-
-        return HfHub(endpoint=spec)
-    from hubgym.hub.local import LocalHub
-
-    return LocalHub(Path(spec.removeprefix("file://")).expanduser())
-
-
-def hub_argument(hub: HubBackend) -> str | None:
-    """What `hub=` / `--hub` must say to reach this hub again; None when it is the default hub (`get_hub()`)."""
-    spec = hub.spec()
-    return None if spec == get_hub().spec() else spec
 
 
 def expand_revision(revision: str, revisions: list[Revision]) -> str | None:

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from hubgym.errors import EnvContractError, Where
-from hubgym.fileio import atomic_write_bytes as _atomic_write
+from hubgym.files import atomic_write_bytes as _atomic_write
 from hubgym.hub.base import GITATTRIBUTES, FileSource, HubBackend, Revision, Snapshot, expand_revision, not_found
 from hubgym.hub.names import check_repo_id, check_repo_path, check_revision
 

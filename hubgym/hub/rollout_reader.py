@@ -27,7 +27,8 @@ import pyarrow as pa
 from datasets.exceptions import DatasetGenerationError
 
 from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError, SkippedShardsWarning
-from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
+from hubgym.hub.base import HubBackend, check_name, parse_ref
+from hubgym.hub.factory import get_hub
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
 from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, fetch_or_error, open_or_error
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema

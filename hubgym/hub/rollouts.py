@@ -28,7 +28,8 @@ from typing import Any
 import datasets
 
 from hubgym.errors import NoShardsError, ShardError
-from hubgym.hub.base import GITATTRIBUTES, HubBackend, check_name, get_hub
+from hubgym.hub.base import GITATTRIBUTES, HubBackend, check_name
+from hubgym.hub.factory import get_hub
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
 from hubgym.hub.rollout_card import merge_summaries, read_summary, render_card, run_summary
 from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exported)

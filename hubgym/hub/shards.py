@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from hubgym.errors import HubConnectionError, ShardError
-from hubgym.fileio import sha256_file
+from hubgym.files import sha256_file
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, column_type_ok, upgrade_batch
 from hubgym.schemas.tasks import parse_json
 

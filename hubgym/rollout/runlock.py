@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from hubgym.errors import RunFolderError
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 
 CLAIM = ".run-id"
 

@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from hubgym.fileio import atomic_write_bytes, sha256_file
+from hubgym.files import atomic_write_bytes, sha256_file
 from hubgym.rollout.runlock import RunLock, claim_run
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hubgym.errors import RescoreError
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 from hubgym.hub.manifest import read_run_manifest
 from hubgym.rollout.writer import worker_name
 from hubgym.schemas.version import SCHEMA_VERSION

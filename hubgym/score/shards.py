@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import ShardError
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
 from hubgym.score.choice import VerifierSpec
 from hubgym.score.diff import COLUMNS, Diff, Tally

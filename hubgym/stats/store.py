@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import polars as pl
 
 from hubgym.errors import ManifestError, NoShardsError
-from hubgym.fileio import replace_dir, sha256_file
+from hubgym.files import replace_dir, sha256_file
 from hubgym.stats.table import PART_SCHEMA, TaskStats
 
 FORMAT = "hubgym-task-stats"
@@ -126,7 +126,7 @@ def push_stats(stats: TaskStats, repo: str, *, hub: Any = None, replace: bool = 
     """Add the stats to `repo` in one commit: the stats it holds are merged in first, so a push never drops runs
     pushed before (runs both hold count once); `replace=True` commits these stats alone. The same stats again make
     no commit. A repo that holds something else (an env, rollouts) is refused, never overwritten."""
-    from hubgym.hub.base import get_hub
+    from hubgym.hub.factory import get_hub
 
     backend = get_hub(hub)
     backend.create_repo(repo)
@@ -174,7 +174,8 @@ def open_stats(source: str | os.PathLike, hub: Any = None) -> TaskStats | None:
     if ":" in text:
         return None  # org/name[@rev]:RUN names a rollout run
     from hubgym.errors import EnvNotFoundError
-    from hubgym.hub.base import get_hub, parse_ref
+    from hubgym.hub.base import parse_ref
+    from hubgym.hub.factory import get_hub
 
     repo, revision = parse_ref(text)
     backend = get_hub(hub)

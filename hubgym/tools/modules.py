@@ -34,7 +34,7 @@ from pathlib import Path
 from types import ModuleType
 
 from hubgym.errors import ToolNotFoundError
-from hubgym.fileio import import_source
+from hubgym.files import import_source
 from hubgym.tools.base import Tool, ToolSet
 
 ToolEntry = Tool | type[ToolSet]

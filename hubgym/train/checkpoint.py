@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hubgym.fileio import atomic_write_bytes, replace_dir
+from hubgym.files import atomic_write_bytes, replace_dir
 from hubgym.train.config import ConfigError
 
 LATEST, CLIENT = "latest.json", "client.json"

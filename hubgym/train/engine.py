@@ -34,7 +34,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from hubgym.fileio import replace_dir
+from hubgym.files import replace_dir
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.lora import LoraSettings, is_lora, merged_weights, wrap_lora

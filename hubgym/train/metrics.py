@@ -28,7 +28,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 
 CONSOLE_KEYS = ("policy/loss", "policy/grad_norm", "policy/clip_frac", "policy/is_ratio_mean", "policy/entropy",
                 "policy/staleness_max", "time/step_s", "time/tokens_per_s")

@@ -36,7 +36,7 @@ import socket
 from pathlib import Path
 
 from hubgym.errors import NodeError
-from hubgym.fileio import atomic_write_bytes
+from hubgym.files import atomic_write_bytes
 
 NONCE_PREFIX = ".hubgym-nodes-"  # + the nonce: rank 0 writes it at the start; removed once every rank has read it
 SHARED_FS_FIX = ("put output_dir on a filesystem every node mounts at the same path (NFS, Lustre, a shared "

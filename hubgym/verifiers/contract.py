@@ -45,7 +45,7 @@ from types import ModuleType
 from typing import Any, Callable
 
 from hubgym.errors import VerifierLoadError, Where
-from hubgym.fileio import import_source
+from hubgym.files import import_source
 from hubgym.schemas.messages import Message, user
 from hubgym.schemas.rollouts import RowError
 from hubgym.schemas.tasks import Task

@@ -30,11 +30,11 @@ def resolve_model(model: str, *, setting: str = "--model", needs: tuple[str, ...
     """The folder (or Hub id) of `model`, checked: a folder must hold one of the files `needs` (a tokenizer
     alone does for a token audit); `setting` is how messages name where the model was given."""
     if model == TINY:
-        from hubgym.rollout.tiny_model import default_tiny_model
+        from hubgym.models.tiny import default_tiny_model
 
         return str(default_tiny_model())
     if model == "smollm2-135m":
-        from hubgym.smollm2 import smollm2_folder
+        from hubgym.models.smollm2 import smollm2_folder
 
         return str(smollm2_folder(setting=setting))
     fix = (f"give {setting} a model folder (config.json, weights and tokenizer, as save_pretrained writes them), "

@@ -25,7 +25,7 @@ import pyarrow as pa
 from hubgym.errors import EnvContractError
 
 if TYPE_CHECKING:
-    from hubgym.wrap import WrapSpec
+    from hubgym.authoring.spec import WrapSpec
 
 LETTERS = string.ascii_uppercase
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?|-?\.\d+")  # the generated numeric verifier's pattern

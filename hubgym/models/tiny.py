@@ -5,7 +5,7 @@ their own model: a byte-level BPE tokenizer trained on a fixed corpus, a Hermes/
 chat template with tool calls, and a 2-layer Qwen2 with head_dim 32 (the CPU attention
 kernels of vLLM need head_dim in {32, 64, 80, ...}). Same seed => byte-identical files.
 
-    python -m hubgym.rollout.tiny_model OUT_DIR
+    python -m hubgym.models.tiny OUT_DIR
 """
 
 from __future__ import annotations

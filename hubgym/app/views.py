@@ -1,5 +1,5 @@
 """What hubgym shows a person: rich tables, failure reports, progress bars. Used by the `hubgym` command and
-the main job (hubgym.pipeline) alike; it imports neither.
+the main job (hubgym.app.pipeline) alike; it imports neither.
 
 Every cell that holds text from an env (names, messages) is a `rich.text.Text`, so brackets in
 messages such as `[env='x' split='train']` are printed as they are, never read as markup.
@@ -33,18 +33,6 @@ def folded(table: Table) -> Table:
 
 
 PASS, FAIL, SKIP = Text("pass", style="green"), Text("FAIL", style="bold red"), Text("skip", style="yellow")
-
-
-def error_text(exc: BaseException) -> str:
-    """The message of a hubgym error; `Type: message` of anything else. A failed datasets build is
-    reported by the builder's own error underneath it (its `__cause__`)."""
-    from datasets.exceptions import DatasetGenerationError
-
-    from hubgym.errors import HubgymError
-
-    if isinstance(exc, DatasetGenerationError) and exc.__cause__ is not None:
-        exc = exc.__cause__
-    return str(exc) if isinstance(exc, HubgymError) else f"{type(exc).__name__}: {exc}"
 
 
 CONFIGS_SHOWN = 3
@@ -173,13 +161,6 @@ def summary_table(rows: list[EnvSummary]) -> Table:
     return folded(table)
 
 
-def failed(env: str, check: str, exc: BaseException, started: float) -> CheckResult:
-    """A failure row for an error raised outside the checks themselves (loading or building an env)."""
-    from hubgym.conformance import CheckResult
-
-    return CheckResult(env=env, check=check, ok=False, message=error_text(exc), seconds=time.perf_counter() - started)
-
-
 def with_progress(console: Console, names: list[str], work: Callable[[str], Iterable[CheckResult]],
                   verb: str = "checking", steps: int = 1) -> list[CheckResult]:
     """Run `work(name)` for each env under a progress bar of `steps` results per env, naming the check
@@ -196,7 +177,9 @@ def with_progress(console: Console, names: list[str], work: Callable[[str], Iter
                     results.append(result)
                     progress.update(bar, advance=1, description=f"{verb} {name}: {result.check} done")
             except Exception as exc:  # one broken env is a failure row, not the end of the run
-                results.append(failed(name, "load", exc, started))
+                from hubgym.conformance.runner import CheckResult as Result
+
+                results.append(Result.failure(name, "load", exc, started))
             progress.update(bar, completed=done * steps)
     return results
 

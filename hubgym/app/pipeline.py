@@ -116,7 +116,7 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
     finally:
         trainer.close()
     with _stage(console, report, "7 report"):
-        from hubgym.views import before_after_table
+        from hubgym.app.views import before_after_table
 
         report.before, report.after = result.before, result.after
         report.plots += [p for p in (result.plot, _eval_plot(result.before, result.after, out / "eval.png")) if p]
@@ -147,9 +147,9 @@ class _stage:
 
 
 def _check_envs(settings: DemoSettings, console: Console) -> int:
-    from hubgym import views
+    from hubgym.app import views
     from hubgym.builders.registry import BUILTIN_ENVS
-    from hubgym.demo import demo_env
+    from hubgym.app.env_check import demo_env
 
     summaries = []
 
@@ -172,7 +172,7 @@ def _push_env(hub: Path, env_config: str, console: Console) -> str:
     import datasets
 
     from hubgym.envs import push_env
-    from hubgym.hub.base import get_hub
+    from hubgym.hub.factory import get_hub
 
     result = push_env(TRAIN_ENV, f"demo/{TRAIN_ENV}", hub=hub, configs=[env_config])
     snapshot = get_hub(hub).resolve(result.repo, result.revision).path  # the revision as a folder, laid out as on the Hub
@@ -197,7 +197,7 @@ def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, conso
 
 
 def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console: Console) -> str:
-    from hubgym import views
+    from hubgym.app import views
     from hubgym.hub.rollouts import push_rollouts
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
 
@@ -215,7 +215,7 @@ def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console:
 
 
 def _rescore(ref: str, hub: Path, out: Path, console: Console) -> Path:
-    from hubgym import views
+    from hubgym.app import views
     from hubgym.score.rescore import plot_diff, rescore
 
     result = rescore([ref], hub=str(hub), out=out / "rescored", workers=1)

@@ -1,6 +1,6 @@
 """Verifier for the reasoning-gym bridge (`rg_*` envs): the generator's own `score_answer` on the <answer> tag.
 
-    from hubgym.verifiers.reasoning_gym import score_entry
+    from hubgym.bridges.reasoning_gym_verifier import score_entry
     score_entry("basic_arithmetic", {}, "7", {"question": "3 + 4 =", "answer": "7", "metadata": {...}})  # 1.0
 
 The task row carries everything needed to rebuild the scorer: `info.generator` (the reasoning-gym dataset
@@ -66,9 +66,9 @@ def check_shipped(env: str | None, generator: object, config: object) -> None:
 @lru_cache(maxsize=1)
 def _shipped_configs() -> dict[str, frozenset[str]]:
     """generator -> the canonical JSON of each config the bridge ships for it."""
-    from hubgym.bridges.reasoning_gym import SPECS
+    from hubgym.bridges.reasoning_gym_shipped import load_specs
 
-    envs = json.loads(SPECS.read_text())["envs"]
+    envs = load_specs()["envs"]
     return {spec["generator"]: frozenset(json.dumps(c, sort_keys=True) for c in spec["configs"].values())
             for spec in envs.values()}
 

@@ -6,7 +6,7 @@
 Each kind has its own example: single_turn adds two numbers, tool_use converts lengths with a tool of
 its own (`tools.py`, shipped with the env), multi_turn is a higher/lower guessing game driven by the
 verifier's reset/step. The files come
-from `hubgym/templates/env/<kind>/*.tmpl` and the shared `hubgym/templates/env/*.tmpl`
+from `hubgym/authoring/templates/env/<kind>/*.tmpl` and the shared `.../templates/env/*.tmpl`
 (`string.Template`, `${name}` placeholders). The folder is written next to its final place and
 renamed into it, so a failure leaves nothing half-made.
 """

@@ -1,6 +1,6 @@
 """Verifier for the `ta_*` envs: single-player TextArena games, replayed from their seed.
 
-    from hubgym.verifiers.textarena import reset, step
+    from hubgym.bridges.textarena_verifier import reset, step
     task = {"info": {"game": "tower_of_hanoi", "options": {"num_disks": 3, "max_turns": 14}, "seed": 7,
                      "max_invalid": 3}}
     state, board = reset(task)
@@ -95,7 +95,7 @@ def check_options(game: str, options: dict[str, Any]) -> None:
 
 def _shipped_options(game: str) -> list[dict[str, Any]]:
     """The TextArena arguments of every config the family ships for `game`."""
-    from hubgym.bridges.textarena import GAMES, variants
+    from hubgym.bridges.textarena_games import GAMES, variants
 
     return [options for spec in GAMES.values() if spec.engine == game
             for options in variants(spec.textarena_id, spec.skip).values()]
