@@ -35,39 +35,49 @@ BENCH = Path(__file__).parent
 ENV = "arithmetic:easy"
 
 RAW = r'''
-import json, os, sys, time
-started = float(sys.argv[2])
-import vllm
-imported = time.time()
-settings = json.loads(sys.argv[3])
-llm = vllm.LLM(sys.argv[1], **settings)
-built = time.time()
-llm.generate(["What is 2 + 3?"], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
-done = time.time()
-print("TIMES" + json.dumps({"import": imported - started, "engine": built - imported, "generate": done - built}))
+import json, sys, time
+
+
+def main(folder, started, settings):
+    import vllm
+    imported = time.time()
+    llm = vllm.LLM(folder, **settings)
+    built = time.time()
+    llm.generate(["What is 2 + 3?"], vllm.SamplingParams(max_tokens=1), use_tqdm=False)
+    done = time.time()
+    print("TIMES" + json.dumps({"import": imported - started, "engine": built - imported, "generate": done - built}))
+
+
+if __name__ == "__main__":  # vLLM spawns its engine core: the script must not run again in it
+    main(sys.argv[1], float(sys.argv[2]), json.loads(sys.argv[3]))
 '''
 
 HUBGYM = r'''
 import json, sys, time
-started = float(sys.argv[2])
-import hubgym.cli  # the command's own imports
-imported = time.time()
-from hubgym.models import context_length, resolve_model
-from hubgym.rollout import RolloutConfig, SamplingArgs
-from hubgym.rollout.run import load_run_envs, make_engine, run_rollouts
-model = resolve_model(sys.argv[1], setting="--model")
-config = RolloutConfig(envs=[sys.argv[3]], model=model, out=sys.argv[4], n=1, limit=1,
-                       sampling=SamplingArgs(max_tokens=1), max_model_len=context_length(model, None))
-resolved = time.time()
-load_run_envs(config)
-opened = time.time()
-engine = make_engine(config)
-built = time.time()
-if __name__ == "__main__":
+
+
+def main(model_name, started, env, out):
+    import hubgym.cli  # the command's own imports
+    imported = time.time()
+    from hubgym.models import context_length, resolve_model
+    from hubgym.rollout import RolloutConfig, SamplingArgs
+    from hubgym.rollout.run import load_run_envs, make_engine, run_rollouts
+    model = resolve_model(model_name, setting="--model")
+    config = RolloutConfig(envs=[env], model=model, out=out, n=1, limit=1, sampling=SamplingArgs(max_tokens=1),
+                           max_model_len=context_length(model, None))
+    resolved = time.time()
+    load_run_envs(config)
+    opened = time.time()
+    engine = make_engine(config)
+    built = time.time()
     run_rollouts(config, engine=engine, progress=False)
     done = time.time()
     print("TIMES" + json.dumps({"import": imported - started, "model": resolved - imported, "envs": opened - resolved,
                                 "engine": built - opened, "run": done - built}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4])
 '''
 
 
