@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 
 HOSTILE = '<script>window.__pwned = 1</script><img src="x" onerror="window.__pwned = 2"><b>bold?</b>'
-BONUS_VERIFIER = '''"""wordle's verifier, plus a bonus of 0.25 for every reply that names a guess: a re-score changes rewards."""
+BONUS_VERIFIER = '''"""wordle's verifier, plus 0.25 for a reply that names a guess: a re-score changes rewards."""
 from hubgym.verifiers.wordle import *  # noqa: F401,F403
 from hubgym.verifiers.wordle import REWARDS as _REWARDS
 

@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 
 from hubgym import views
-from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, skipped_shards_noted, user_errors
+from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
 
 
 @app.command()
@@ -29,7 +29,10 @@ def view(sources: Annotated[list[str], typer.Argument(
     """Serve a page over rollouts: per-env tables and reward histograms, filters, one trajectory at a time with its
     token record, re-scored rewards beside the stored ones, two runs side by side. Reads each shard once to index
     it, then opens rows from their shard as pages ask for them."""
-    from hubgym.viewer import RunStore, serve, tokenizer_decoder
+    try:
+        from hubgym.viewer import RunStore, serve, tokenizer_decoder
+    except ImportError as exc:
+        fail(f"hubgym view needs {exc.name}: pip install 'hubgym[view]'")
 
     decode = tokenizer_decoder(tokenizer) if tokenizer else None
     with skipped_shards_noted(), views.rows_progress(console(stderr=True), "indexing rollouts") as advance:

@@ -82,7 +82,8 @@ def apply_filters(index: pl.DataFrame, f: Filters) -> pl.DataFrame:
     return out
 
 
-def page(index: pl.DataFrame, f: Filters, number: int, size: int = PAGE_ROWS) -> tuple[list[dict[str, Any]], int, int]:
+def page(index: pl.DataFrame, f: Filters, number: int,
+         size: int = PAGE_ROWS) -> tuple[list[dict[str, Any]], int, int]:
     """(the rows of page `number` (from 0) of `size` rows, how many rows match, how many pages)."""
     matching = apply_filters(index, f)
     return _slice(matching, number, size)
@@ -140,7 +141,8 @@ def choices(index: pl.DataFrame, column: str) -> list[str]:
     return sorted(v for v in index[column].unique().to_list() if v is not None)
 
 
-def compare(a: pl.DataFrame, b: pl.DataFrame, number: int, size: int = PAGE_ROWS) -> tuple[list[dict[str, Any]], int, int]:
+def compare(a: pl.DataFrame, b: pl.DataFrame, number: int,
+            size: int = PAGE_ROWS) -> tuple[list[dict[str, Any]], int, int]:
     """Tasks both runs sampled: per task the mean reward on each side and the difference, largest first. A re-scored
     run counts with its new rewards, so a run and its re-score compare what the new verifier changed."""
     def per_task(index: pl.DataFrame, side: str) -> pl.DataFrame:
