@@ -1,0 +1,104 @@
+"""A hubgym env as a verifiers 0.4 environment (`pip install 'hubgym[verifiers]'`), run by verifiers' own `vf-eval`:
+
+    vf-eval hubgym.integrations.verifiers_env --env.taskset.env wordle --env.taskset.split test \\
+        --env.taskset.limit 8 --model MODEL --client.base-url http://127.0.0.1:8000/v1 ...
+
+verifiers 0.4 (`verifiers.v1`) splits an environment into a taskset (data: `HubgymTaskset` yields the env's task
+rows, each carrying the whole row as JSON) and an `Env` whose `run` plays one episode with the agent seat as the
+model: `HubgymEnv` sends the prompt, and for a multi_turn env gives each reply to the verifier's `step` and sends
+its observation back as the next user turn until the episode is done or `max_turns` replies were made. The
+trajectory is then scored by hubgym's verifier, and each reward component is recorded on the trace with its
+weight (steps and tool shaping at weight 1, metrics at 0), so verifiers' weighted total is `Verifier.score`'s.
+
+tool_use envs are not offered: verifiers serves tools to its harness programs as MCP servers, which hubgym's tools
+are not. This module is the only one that imports verifiers; `hubgym import verifiers` reads what it writes
+without it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import verifiers.v1 as vf
+
+from hubgym.schemas.messages import Message, assistant, user
+
+__all__ = ["HubgymData", "HubgymEnv", "HubgymEnvConfig", "HubgymTask", "HubgymTaskset", "HubgymTasksetConfig"]
+
+
+class HubgymTasksetConfig(vf.TasksetConfig):
+    env: str = "arithmetic"
+    """The hubgym env, as `hubgym rollout` takes it: ENV[:CONFIG] or a folder."""
+    split: str = "test"
+    limit: int | None = None
+    """The first this many tasks of the split (all when unset)."""
+
+
+class HubgymData(vf.TaskData):
+    hubgym_task: str
+    """The hubgym task row as JSON: the verifier scores against it, `hubgym import verifiers` restores it."""
+
+
+class HubgymTask(vf.Task[HubgymData, vf.State, vf.TaskConfig]):
+    pass
+
+
+class HubgymTaskset(vf.Taskset[HubgymTask, HubgymTasksetConfig]):
+    def load(self):
+        from hubgym.resolve import load_env_tasks
+
+        loaded = load_env_tasks(self.config.env, self.config.split, self.config.limit)
+        for task in loaded.tasks:
+            if task["interaction"]["kind"] == "tool_use":
+                raise ValueError(f"env {loaded.env!r} row {task['id']!r}: tool_use rows are not offered to verifiers "
+                                 f"(its tools are MCP servers); use a single_turn or multi_turn env")
+            yield HubgymTask(HubgymData(id=task["id"], name=f"{loaded.env}/{task['id']}",
+                                        prompt=[_wire(m) for m in task["prompt"]],
+                                        hubgym_task=json.dumps(task, default=str)), self.config.task)
+
+
+class HubgymEnvConfig(vf.EnvConfig):
+    agent: vf.AgentConfig = vf.AgentConfig()
+
+
+class HubgymEnv(vf.Env[HubgymEnvConfig]):
+    async def run(self, task, agents):
+        from hubgym.resolve import resolve_env
+
+        row = json.loads(task.data.hubgym_task)
+        verifier = resolve_env(row["env"]).verifier()
+        trajectory: list[Message] = []
+        async with agents.agent.interaction(task) as interaction:
+            segment = await interaction.turn()
+            state = None
+            if verifier.multi_turn:
+                state, observation = verifier.reset(row)
+            while not segment.terminated:
+                reply = segment.last_reply or ""
+                trajectory.append(assistant(reply))
+                if not verifier.multi_turn or len(trajectory) >= 2 * row["interaction"]["max_turns"]:
+                    break
+                state, observation, _, done = verifier.step(row, state, reply)
+                if observation:
+                    trajectory.append(user(observation))
+                if done:
+                    break
+                segment = await interaction.turn(observation or "")
+        record_score(interaction.trace, verifier, row, trajectory)
+
+
+def record_score(trace: Any, verifier: Any, row: dict, trajectory: list[Message]) -> None:
+    """hubgym's score of the episode as verifiers rewards: one per component, with its hubgym weight."""
+    score = verifier.score(row, trajectory)
+    if score.error is not None:
+        trace.info["hubgym_error"] = dict(score.error)
+        return
+    weights = {name: weight for name, (_, weight) in verifier.rewards.items()}
+    for name, value in score.components.items():
+        trace.record_reward(name, value, weights.get(name, 1.0 if name in ("steps", "tool_calls") else 0.0))
+    trace.info["hubgym_reward"] = score.reward
+
+
+def _wire(m: Message) -> dict[str, Any]:
+    return {"role": m["role"], "content": m.get("content") or ""}
