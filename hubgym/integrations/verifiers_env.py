@@ -64,28 +64,38 @@ class HubgymEnvConfig(vf.EnvConfig):
 
 class HubgymEnv(vf.Env[HubgymEnvConfig]):
     async def run(self, task, agents):
-        from hubgym.resolve import resolve_env
-
         row = json.loads(task.data.hubgym_task)
-        verifier = resolve_env(row["env"]).verifier()
+        verifier = self.verifier()
         trajectory: list[Message] = []
+        state, observation = verifier.reset(row) if verifier.multi_turn else (None, "")
         async with agents.agent.interaction(task) as interaction:
-            segment = await interaction.turn()
-            state = None
-            if verifier.multi_turn:
-                state, observation = verifier.reset(row)
+            # the reset observation follows the prompt as a user turn, as in hubgym's own rollout loop
+            segment = await (interaction.turn(observation) if observation else interaction.turn())
+            actions = 0
             while not segment.terminated:
                 reply = segment.last_reply or ""
                 trajectory.append(assistant(reply))
-                if not verifier.multi_turn or len(trajectory) >= 2 * row["interaction"]["max_turns"]:
+                actions += 1
+                if not verifier.multi_turn:
                     break
                 state, observation, _, done = verifier.step(row, state, reply)
                 if observation:
                     trajectory.append(user(observation))
-                if done:
+                if done or actions >= row["interaction"]["max_turns"]:
+                    # the episode's last observation reaches no model turn, so verifiers' message graph lacks it;
+                    # hubgym's rows keep it (the import puts it back)
+                    interaction.trace.info["hubgym_final_observation"] = observation or ""
                     break
                 segment = await interaction.turn(observation or "")
         record_score(interaction.trace, verifier, row, trajectory)
+
+    def verifier(self):
+        """The verifier of the taskset's env (its ENV[:CONFIG] spec: a name or a folder), loaded once."""
+        if getattr(self, "_verifier", None) is None:
+            from hubgym.resolve import resolve_env, split_spec
+
+            self._verifier = resolve_env(split_spec(self.config.taskset.env)[0]).verifier()
+        return self._verifier
 
 
 def record_score(trace: Any, verifier: Any, row: dict, trajectory: list[Message]) -> None:

@@ -148,6 +148,9 @@ class Deriver:
     def row(self, trace: dict, run_id: str, where: str) -> dict[str, Any]:
         task = _task(trace, where)
         prompt, completion, nodes = _messages(trace, where)
+        final = (trace.get("info") or {}).get("hubgym_final_observation") if isinstance(trace.get("info"), dict) else None
+        if isinstance(final, str) and final and completion and completion[-1]["role"] == "assistant":
+            completion.append(message("user", final))  # the episode's last observation, as hubgym's loop keeps it
         reward, metrics, error = _rewards(trace, where)
         calls = [c for c in trace.get("calls") or [] if isinstance(c, dict)]
         finish = next((c.get("finish_reason") for c in reversed(calls) if c.get("finish_reason")), None)
@@ -194,7 +197,7 @@ class Deriver:
                 if later["role"] == "assistant":
                     break
                 new.append(later)
-            if new or any(later["role"] == "assistant" for later in completion[i + 1:]):
+            if any(later["role"] == "assistant" for later in completion[i + 1:]):  # after the last reply: no tokens
                 bridge, problem = r.bridge(history, m, new, tools, ended_with_eos=bool(r.closing_stop))
                 ids, mask = ids + bridge, mask + [0] * len(bridge)
                 row["tokens_consistent"] = row["tokens_consistent"] and problem is None
