@@ -5,8 +5,9 @@
 
 verifiers 0.4 (`verifiers.v1`) splits an environment into a taskset (data: `HubgymTaskset` yields the env's task
 rows, each carrying the whole row as JSON) and an `Env` whose `run` plays one episode with the agent seat as the
-model: `HubgymEnv` sends the prompt, and for a multi_turn env gives each reply to the verifier's `step` and sends
-its observation back as the next user turn until the episode is done or `max_turns` replies were made. The
+model: `HubgymEnv` sends the prompt (with a multi_turn env's `reset` observation), and for a multi_turn env gives
+each reply to the verifier's `step` and sends its observation back as the next user turn until the episode is done
+or `max_turns` replies were made. The
 trajectory is then scored by hubgym's verifier, and each reward component is recorded on the trace with its
 weight (steps and tool shaping at weight 1, metrics at 0), so verifiers' weighted total is `Verifier.score`'s.
 
@@ -53,8 +54,12 @@ class HubgymTaskset(vf.Taskset[HubgymTask, HubgymTasksetConfig]):
             if task["interaction"]["kind"] == "tool_use":
                 raise ValueError(f"env {loaded.env!r} row {task['id']!r}: tool_use rows are not offered to verifiers "
                                  f"(its tools are MCP servers); use a single_turn or multi_turn env")
+            prompt = list(task["prompt"])
+            if loaded.verifier.multi_turn:  # the reset observation follows the prompt, as in hubgym's rollout loop
+                _, observation = loaded.verifier.reset(task)
+                prompt += [user(observation)] if observation else []
             yield HubgymTask(HubgymData(id=task["id"], name=f"{loaded.env}/{task['id']}",
-                                        prompt=[_wire(m) for m in task["prompt"]],
+                                        prompt=[_wire(m) for m in prompt],
                                         hubgym_task=json.dumps(task, default=str)), self.config.task)
 
 
@@ -67,10 +72,9 @@ class HubgymEnv(vf.Env[HubgymEnvConfig]):
         row = json.loads(task.data.hubgym_task)
         verifier = self.verifier()
         trajectory: list[Message] = []
-        state, observation = verifier.reset(row) if verifier.multi_turn else (None, "")
+        state = verifier.reset(row)[0] if verifier.multi_turn else None  # its observation is in the task's prompt
         async with agents.agent.interaction(task) as interaction:
-            # the reset observation follows the prompt as a user turn, as in hubgym's own rollout loop
-            segment = await (interaction.turn(observation) if observation else interaction.turn())
+            segment = await interaction.turn()
             actions = 0
             while not segment.terminated:
                 reply = segment.last_reply or ""

@@ -141,14 +141,16 @@ class Deriver:
             from hubgym.models import resolve_model
             from hubgym.rollout.tokens import ChatRenderer
 
-            folder = resolve_model(self.model_name, setting="--model", needs=("tokenizer.json", "tokenizer_config.json"))
+            folder = resolve_model(self.model_name, setting="--model",
+                                   needs=("tokenizer.json", "tokenizer_config.json"))
             self._renderer = ChatRenderer(AutoTokenizer.from_pretrained(folder))
         return self._renderer
 
     def row(self, trace: dict, run_id: str, where: str) -> dict[str, Any]:
         task = _task(trace, where)
         prompt, completion, nodes = _messages(trace, where)
-        final = (trace.get("info") or {}).get("hubgym_final_observation") if isinstance(trace.get("info"), dict) else None
+        info = trace.get("info") if isinstance(trace.get("info"), dict) else {}
+        final = info.get("hubgym_final_observation")
         if isinstance(final, str) and final and completion and completion[-1]["role"] == "assistant":
             completion.append(message("user", final))  # the episode's last observation, as hubgym's loop keeps it
         reward, metrics, error = _rewards(trace, where)
@@ -203,10 +205,8 @@ class Deriver:
                 row["tokens_consistent"] = row["tokens_consistent"] and problem is None
             history += [m] + new
         row["completion_ids"], row["completion_mask"], row["completion_logprobs"] = ids, mask, []
-        if row["tokens_consistent"]:
-            row["completion_logprobs"] = [0.0] * len(ids)  # placeholder for the audit only; replaced below
+        if row["tokens_consistent"]:  # the audit every written row gets (hubgym replay's)
             row["tokens_consistent"] = audit_tokens(row, r, tools).ok
-            row["completion_logprobs"] = []
 
     def _logprobs(self, row: dict) -> list[float]:
         """The model's logprob of each sampled token given everything before it (0 for env tokens), or [] when not
@@ -262,7 +262,7 @@ def _task(trace: dict, where: str) -> dict[str, Any]:
 def _messages(trace: dict, where: str) -> tuple[list[Message], list[Message], list[dict]]:
     """(prompt, completion, the nodes of the path) along the graph's last branch: from its last node up the parents."""
     nodes = _field(trace, "nodes", list, where)
-    path, at, seen = [], len(nodes) - 1, set()
+    path, at, seen = [], (len(nodes) - 1 if nodes else None), set()  # no nodes: the episode failed before a turn
     while at is not None:
         if not isinstance(at, int) or not 0 <= at < len(nodes) or at in seen:
             raise ResultsError(f"{where} nodes: parent {at!r} is not an earlier node", path=where)
