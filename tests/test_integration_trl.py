@@ -185,3 +185,17 @@ def steer_to_act(tokenizer) -> dict:
     call = json.dumps({"name": "act", "arguments": {"action": f"<guess>{GUESS}</guess>"}})
     ids = tokenizer(f"<tool_call>\n{call}\n</tool_call>{tokenizer.eos_token}", add_special_tokens=False)["input_ids"]
     return {"sequence_bias": [[ids[:k + 1], 100.0 + 10.0 * k] for k in range(len(ids))]}
+
+
+def test_a_hermes_template_gets_a_tool_call_parser_trl_can_use(tiny_model):
+    from transformers import AutoTokenizer
+
+    from hubgym.integrations.trl import tool_parsing_tokenizer
+
+    tokenizer = tool_parsing_tokenizer(AutoTokenizer.from_pretrained(tiny_model))
+    text = '<tool_call>\n{"name": "act", "arguments": {"action": "<guess>slate</guess>"}}\n</tool_call>'
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "play"}], add_generation_prompt=True)
+    ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    parsed = tokenizer.parse_response(ids, prefix=prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    assert parsed["tool_calls"][0]["function"] == {"name": "act", "arguments": {"action": "<guess>slate</guess>"}}
+    assert from_trl_completion([parsed])[0]["tool_calls"][0]["arguments"] == '{"action": "<guess>slate</guess>"}'

@@ -294,3 +294,28 @@ def test_the_view_command_serves_the_page_until_stopped(runs):
         proc.send_signal(signal.SIGINT)
         output = proc.communicate(timeout=30)[0]
     assert f"serving http://127.0.0.1:{port}/" in output and "6 rollouts in 3 shard(s)" in output
+
+
+# -- queries on a small index (no browser) --------------------------------------------------------------------------
+
+def test_filters_from_a_hand_edited_query_ignore_what_they_cannot_read():
+    from hubgym.viewer.queries import Filters
+
+    f = Filters.from_query({"env": "", "min_reward": "nan", "max_reward": "x", "truncated": "maybe", "error": "yes"})
+    assert f == Filters(error=True) and Filters.from_query(f.query()) == f
+
+
+def test_histograms_and_env_tables_count_every_scored_row():
+    from hubgym.viewer.queries import HIST_BINS, env_table, histogram
+
+    rewards = [0.0, 0.25, 0.25, 1.0, None]
+    index = pl.DataFrame({"env": ["a"] * 5 + ["b"], "task_id": ["t1", "t1", "t2", "t2", "t3", "u"],
+                          "reward": rewards + [0.5], "error": [None, None, None, None, "KeyError", None],
+                          "truncated": [False, True, False, False, False, False], "num_turns": [1, 2, 1, 1, 1, 3]})
+    bars = histogram(index, "a")
+    assert len(bars) == HIST_BINS and sum(b.count for b in bars) == 4 and max(b.height for b in bars) == 1.0
+    assert bars[0].count == 1 and bars[-1].count == 1 and bars[2].count == 2  # 0.25 falls in the third of ten bins
+    assert [(b.count, b.height) for b in histogram(index, "b")] == [(1, 1.0)]  # one value: one bar
+    table = {row["env"]: row for row in env_table(index)}
+    assert table["a"]["rollouts"] == 5 and table["a"]["scored"] == 4 and table["a"]["tasks"] == 3
+    assert table["a"]["mean_reward"] == pytest.approx(1.5 / 4) and table["a"]["errors"] == pytest.approx(0.2)
