@@ -105,6 +105,8 @@ def _small_columns(loaded: LoadedShard, shard: int) -> pl.DataFrame:
             columns["rescore_error"] = _error_type(batch.column("rescore_error"))
         tables.append(pa.table(columns))
     table = pa.concat_tables(tables) if tables else pa.table({name: [] for name in SMALL_COLUMNS})
+    # `take` copies: the selected columns would otherwise be slices of the shard's buffer and keep all of it alive
+    table = table.take(pa.array(range(table.num_rows), pa.int64()))
     frame = pl.DataFrame(pl.from_arrow(table))
     return frame.with_columns(pl.lit(shard, pl.Int32).alias("shard"),
                               pl.int_range(0, frame.height, dtype=pl.Int64).alias("offset"))
