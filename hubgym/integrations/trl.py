@@ -53,7 +53,7 @@ class TRLEnv:
     scorer: "BatchScorer" = field(init=False)
 
     def __post_init__(self) -> None:
-        self.scorer = BatchScorer(self.verifier, self.kind)
+        self.scorer = BatchScorer(self.verifier)
 
     @property
     def kind(self) -> str:
@@ -164,9 +164,8 @@ class BatchScorer:
     the scores of the last list are kept (compared by identity, and held so the list cannot be freed and its id
     reused) and each function reads its own component."""
 
-    def __init__(self, verifier: Verifier, kind: str):
+    def __init__(self, verifier: Verifier):
         self.verifier = verifier
-        self.kind = kind
         self._batch: tuple[Any, list[Score]] | None = None
 
     def scores(self, completions: list, tasks: list[str], environments: list | None) -> list[Score]:
