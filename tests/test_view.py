@@ -319,3 +319,32 @@ def test_histograms_and_env_tables_count_every_scored_row():
     table = {row["env"]: row for row in env_table(index)}
     assert table["a"]["rollouts"] == 5 and table["a"]["scored"] == 4 and table["a"]["tasks"] == 3
     assert table["a"]["mean_reward"] == pytest.approx(1.5 / 4) and table["a"]["errors"] == pytest.approx(0.2)
+
+
+@pytest.mark.slow
+def test_odd_stored_values_and_a_shard_gone_after_indexing_give_pages_not_tracebacks(runs, tmp_path):
+    import shutil
+
+    import pyarrow as pa
+    from starlette.testclient import TestClient
+
+    run = tmp_path / "odd"
+    shutil.copytree(runs.wordle_a, run)
+    first = min((run / "shards").glob("*.arrow"))
+    table = pa.ipc.open_file(str(first)).read_all()
+    rows = table.to_pylist()
+    rows[0]["metrics"] = [{"name": None, "value": 1.0}] + rows[0]["metrics"]
+    rows[1]["reward"] = float("nan")
+    for manifest in run.glob("manifest-*.json"):
+        manifest.unlink()  # nothing records the edited shard's sha256: it is read with Arrow's full checks
+    with pa.ipc.new_file(str(first), table.schema) as writer:
+        writer.write_table(pa.Table.from_pylist(rows, schema=table.schema))
+    store = RunStore.open([str(run)])
+    client = TestClient(make_app(store), raise_server_exceptions=False)
+    assert client.get("/").status_code == 200
+    assert client.get(f"/run/0/rollout/{rows[0]['rollout_id']}").status_code == 200
+    last = max((run / "shards").glob("*.arrow"))
+    last.unlink()  # gone after the index was made
+    gone = store.runs[0].index.filter(pl.col("shard") == len(store.runs[0].shards) - 1)["rollout_id"][0]
+    page = client.get(f"/run/0/rollout/{gone}")
+    assert page.status_code == 500 and "ShardError" in page.text and last.name in page.text

@@ -106,11 +106,15 @@ def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows
                           "components": trajectory.components(row) if row else []})
         return render("compare_task.html", a=a, b=b, env=env, task=task, sides=sides)
 
+    async def failed(request: Request, exc: Exception) -> Response:
+        """A row the page cannot show (a hand-made shard, say) is one line naming the problem, not a traceback."""
+        return render("error.html", status=500, what=f"{request.url.path}: {type(exc).__name__}: {str(exc)[:300]}")
+
     routes = [Route("/", overview), Route("/run/{run}/rollouts", rollouts),
               Route("/run/{run}/rollout/{rollout_id:path}", rollout), Route("/compare", compare),
               Route("/compare/task", compare_task),
               Mount("/static", StaticFiles(directory=HERE / "static"), name="static")]
-    return Starlette(routes=routes)
+    return Starlette(routes=routes, exception_handlers={Exception: failed})
 
 
 def _int(text: str | None, default: int) -> int:

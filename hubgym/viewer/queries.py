@@ -120,7 +120,7 @@ class Bar:
 def histogram(index: pl.DataFrame, env: str, column: str = "reward") -> list[Bar]:
     """Reward counts of one env's scored rows in HIST_BINS equal bins over their range (one bar when every reward
     is the same)."""
-    values = index.filter(pl.col("env") == env)[column].drop_nulls().to_list()
+    values = [v for v in index.filter(pl.col("env") == env)[column].drop_nulls().to_list() if math.isfinite(v)]
     if not values:
         return []
     low, high = min(values), max(values)

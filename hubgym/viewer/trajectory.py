@@ -55,7 +55,7 @@ class Component:
 def messages(row: dict[str, Any]) -> list[ShownMessage]:
     """Prompt then completion; a multi_turn row's env actions (assistant turns without tool calls) carry their step
     number and the step reward stored for it."""
-    steps = stored_step_rewards(row.get("metrics"))  # None: not a multi_turn row (no step was taken)
+    steps = stored_step_rewards(_named(row.get("metrics")))  # None: not a multi_turn row (no step was taken)
     out = [_shown(m, "prompt", None, None) for m in row.get("prompt") or []]
     action = 0
     for m in row.get("completion") or []:
@@ -84,10 +84,15 @@ def _pretty(arguments: Any) -> str:
 
 def components(row: dict[str, Any]) -> list[Component]:
     """Each reward component, stored and (in a re-scored run) new, in the order first seen."""
-    old = {m["name"]: m["value"] for m in row.get("metrics") or []}
-    new = {m["name"]: m["value"] for m in row.get("rescore_metrics") or []}
+    old = {m["name"]: m["value"] for m in _named(row.get("metrics"))}
+    new = {m["name"]: m["value"] for m in _named(row.get("rescore_metrics"))}
     names = list(dict.fromkeys([*old, *new]))
     return [Component(n, old.get(n), new.get(n)) for n in names]
+
+
+def _named(metrics: Any) -> list[dict[str, Any]]:
+    """The metric entries that have a name (a hand-made shard may hold others; they are not shown)."""
+    return [m for m in metrics or [] if isinstance(m, dict) and isinstance(m.get("name"), str)]
 
 
 def tokens(row: dict[str, Any], decode: Decode | None) -> list[Token]:
