@@ -201,8 +201,8 @@ def main() -> None:
     parser.add_argument("--hub", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.side:
-        import hubgym.viewer  # noqa: F401  (imports before the baseline, on both sides)
         import hubgym.hub.rollout_reader  # noqa: F401
+        import hubgym.viewer  # noqa: F401  (imports before the baseline, on both sides)
 
         print(json.dumps((side_view if args.side == "view" else side_whole)(args.run, args.hub)))
         return

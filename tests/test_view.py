@@ -16,7 +16,8 @@ from hubgym.hub.rollout_reader import iter_rollouts
 from hubgym.verifiers.contract import stored_step_rewards
 from hubgym.viewer import RunStore, make_app, tokenizer_decoder
 from hubgym.viewer.store import KEEP_SHARDS
-from view_runs import HOSTILE, make_view_runs  # noqa: I001 (tests/ is on the path, as for hub_server)
+
+from view_runs import HOSTILE, make_view_runs
 
 pytest_plugins = ["hub_server"]
 SHOTS = Path(__file__).resolve().parent.parent / "out" / "test-view"
