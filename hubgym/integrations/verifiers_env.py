@@ -1,13 +1,14 @@
 """A hubgym env as a verifiers 0.4 environment (`pip install 'hubgym[verifiers]'`), run by verifiers' own `vf-eval`:
 
-    vf-eval hubgym.integrations.verifiers_env --env.taskset.env wordle --env.taskset.split test \\
-        --env.taskset.limit 8 --model MODEL --client.base-url http://127.0.0.1:8000/v1 ...
+    vf-eval hubgym_verifiers --env.taskset.env wordle --env.taskset.split test --env.taskset.limit 8 \\
+        --model MODEL --client.base-url http://127.0.0.1:8000/v1 --env.agent.harness.id null \\
+        --env.agent.runtime.type subprocess --no-push
 
 verifiers 0.4 (`verifiers.v1`) splits an environment into a taskset (data: `HubgymTaskset` yields the env's task
 rows, each carrying the whole row as JSON) and an `Env` whose `run` plays one episode with the agent seat as the
 model: `HubgymEnv` sends the prompt (with a multi_turn env's `reset` observation), and for a multi_turn env gives
 each reply to the verifier's `step` and sends its observation back as the next user turn until the episode is done
-or `max_turns` replies were made. The
+or `max_turns` replies were made (a reply cut at max_tokens ends it unstepped, as in hubgym's loop). The
 trajectory is then scored by hubgym's verifier, and each reward component is recorded on the trace with its
 weight (steps and tool shaping at weight 1, metrics at 0), so verifiers' weighted total is `Verifier.score`'s.
 
@@ -75,12 +76,13 @@ class HubgymEnv(vf.Env[HubgymEnvConfig]):
         state = verifier.reset(row)[0] if verifier.multi_turn else None  # its observation is in the task's prompt
         async with agents.agent.interaction(task) as interaction:
             segment = await interaction.turn()
-            actions = 0
+            actions, cut = 0, False
             while not segment.terminated:
                 reply = segment.last_reply or ""
                 trajectory.append(assistant(reply))
                 actions += 1
-                if not verifier.multi_turn:
+                cut = _last_finish(interaction.trace) == "length"
+                if not verifier.multi_turn or cut:  # a reply cut at max_tokens is no action: the episode ends
                     break
                 state, observation, _, done = verifier.step(row, state, reply)
                 if observation:
@@ -91,7 +93,7 @@ class HubgymEnv(vf.Env[HubgymEnvConfig]):
                     interaction.trace.info["hubgym_final_observation"] = observation or ""
                     break
                 segment = await interaction.turn(observation or "")
-        record_score(interaction.trace, verifier, row, trajectory)
+        record_score(interaction.trace, verifier, row, trajectory, cut)
 
     def verifier(self):
         """The verifier of the taskset's env (its ENV[:CONFIG] spec: a name or a folder), loaded once."""
@@ -102,9 +104,10 @@ class HubgymEnv(vf.Env[HubgymEnvConfig]):
         return self._verifier
 
 
-def record_score(trace: Any, verifier: Any, row: dict, trajectory: list[Message]) -> None:
-    """hubgym's score of the episode as verifiers rewards: one per component, with its hubgym weight."""
-    score = verifier.score(row, trajectory)
+def record_score(trace: Any, verifier: Any, row: dict, trajectory: list[Message], cut: bool) -> None:
+    """hubgym's score of the episode as verifiers rewards: one per component, with its hubgym weight. A last reply
+    cut at max_tokens is scored as hubgym's loop scores it (`cut`: never an env action)."""
+    score = verifier.score(row, trajectory, cut=cut)
     if score.error is not None:
         trace.info["hubgym_error"] = dict(score.error)
         return
@@ -112,6 +115,11 @@ def record_score(trace: Any, verifier: Any, row: dict, trajectory: list[Message]
     for name, value in score.components.items():
         trace.record_reward(name, value, weights.get(name, 1.0 if name in ("steps", "tool_calls") else 0.0))
     trace.info["hubgym_reward"] = score.reward
+
+
+def _last_finish(trace: Any) -> str | None:
+    """Why the last model call of the episode stopped ("stop", "length", ...)."""
+    return trace.calls[-1].finish_reason if trace.calls else None
 
 
 def _wire(m: Message) -> dict[str, Any]:

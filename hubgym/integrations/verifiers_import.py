@@ -192,14 +192,16 @@ class Deriver:
         for i, m in enumerate(completion):
             if m["role"] != "assistant":
                 continue
-            reply = r.encode((m["content"] or "") + r.closing_stop)
+            last = not any(later["role"] == "assistant" for later in completion[i + 1:])
+            stop = "" if last and row["finish_reason"] == "length" else r.closing_stop  # a cut reply has no stop token
+            reply = r.encode((m["content"] or "") + stop)
             ids, mask = ids + reply, mask + [1] * len(reply)
             new = []
             for later in completion[i + 1:]:
                 if later["role"] == "assistant":
                     break
                 new.append(later)
-            if any(later["role"] == "assistant" for later in completion[i + 1:]):  # after the last reply: no tokens
+            if not last:  # after the last reply: no tokens
                 bridge, problem = r.bridge(history, m, new, tools, ended_with_eos=bool(r.closing_stop))
                 ids, mask = ids + bridge, mask + [0] * len(bridge)
                 row["tokens_consistent"] = row["tokens_consistent"] and problem is None
