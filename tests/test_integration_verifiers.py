@@ -151,3 +151,34 @@ def test_a_bad_trace_line_names_the_file_line_and_field_and_writes_nothing(tmp_p
     done = runner.invoke(app, ["import", "verifiers", str(results), "--out", str(tmp_path / "o"), "--model", "tiny"])
     assert done.exit_code == 1 and says in done.output and "Traceback" not in done.output, done.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_a_trace_that_carries_its_token_record_keeps_it(runs, tiny_model, tmp_path):
+    """verifiers' token-returning client (a route stock vLLM lacks) puts ids, masks and logprobs on the trace's
+    nodes: such a trace (here verifiers' own, given the record hubgym's loop kept for the same conversation) imports
+    with that record, nothing re-derived."""
+    results, native = runs
+    by_task = {r["task_id"]: r for r in iter_rollouts(native)}
+    lines = []
+    for line in (results / "traces.jsonl").read_text().splitlines():
+        episode = json.loads(line)
+        for trace in episode["traces"]:
+            mine = by_task[trace["task"]["data"]["id"]]
+            first = next(i for i, n in enumerate(trace["nodes"]) if n["sampled"])
+            trace["nodes"][0]["token_ids"] = mine["prompt_ids"]
+            trace["nodes"][first].update(token_ids=mine["completion_ids"], logprobs=mine["completion_logprobs"],
+                                         mask=[bool(m) for m in mine["completion_mask"]])
+        lines.append(json.dumps(episode))
+    (tmp_path / "traces.jsonl").write_text("\n".join(lines) + "\n")
+    done = runner.invoke(app, ["import", "verifiers", str(tmp_path / "traces.jsonl"), "--out", str(tmp_path / "run"),
+                               "--model", str(tiny_model)])
+    assert done.exit_code == 0, done.output
+    for row in iter_rollouts(tmp_path / "run"):
+        mine = by_task[row["task_id"]]
+        assert (row["prompt_ids"], row["completion_ids"]) == (mine["prompt_ids"], mine["completion_ids"])
+        assert row["completion_mask"] == mine["completion_mask"]
+        assert row["completion_logprobs"] == pytest.approx(mine["completion_logprobs"])
+        flags = {m["name"]: m["value"] for m in row["metrics"] if m["name"].startswith("import/")}
+        assert flags == {"import/token_ids_rederived": 0.0, "import/logprobs_rederived": 0.0}
+        assert "re-derived" not in row["provenance"]["engine_version"]
