@@ -234,3 +234,12 @@ class NodeError(HubgymError, RuntimeError):
     def __init__(self, message: str, rank: int | None = None, host: str | None = None):
         super().__init__(message, rank=rank, host=host)
         self.rank, self.host = rank, host
+
+
+class ResultsError(HubgymError, ValueError):
+    """Results written by another framework (verifiers' traces.jsonl) that `hubgym import` cannot read: a missing
+    file, a line that is not JSON, a field that is missing or of the wrong type. `path` names the file and line."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        self.path, self.line = path, line
+        super().__init__(message, path=path, line=line)
