@@ -110,10 +110,10 @@ def trl_env(spec: str, split: str = "train", limit: int | None = None, *, hub: s
             trust: bool = False, pins: dict[str, str] | None = None) -> TRLEnv:
     """An env's tasks and verifier for TRL: `spec` is what `hubgym rollout` takes (`ENV[:CONFIG]`, a folder, or a
     hub ref `org/name@rev[:CONFIG]` with `pins={"org/name": "sha256:..."}` or `trust=True`)."""
-    from hubgym.resolve import load_env_tasks
+    from hubgym.envs import open_env
 
-    loaded = load_env_tasks(spec, split, limit, hub=hub, trust=trust, pins=pins)
-    return TRLEnv(loaded.env, loaded.config, loaded.verifier, loaded.tasks)
+    loaded = open_env(spec, hub=hub, trust=trust, pins=pins)
+    return TRLEnv(loaded.env, loaded.config, loaded.verifier, loaded.take(split, limit))
 
 
 # -- messages between TRL's form and hubgym's -----------------------------------------------------------------------
@@ -223,7 +223,7 @@ class HubgymTRLEnv:
         self.task = json.loads(row[TASK_COLUMN])
         self.trajectory, self.done, self.actions, self.last_score = [], False, 0, None
         tools = self.task["interaction"]["tools"]
-        self._toolbox = make_toolbox(tools, self.task) if tools else None
+        self._toolbox = make_toolbox(tools, self.task, self.VERIFIER.tools) if tools else None
         if not self.VERIFIER.multi_turn:
             return None
         self.state, observation = self.VERIFIER.reset(self.task)
@@ -255,25 +255,26 @@ class HubgymTRLEnv:
 
 
 def environment_class(env: str, verifier: Verifier, tasks: list[Task]) -> type[HubgymTRLEnv]:
-    """A `HubgymTRLEnv` subclass whose methods are the env's tools (schemas from hubgym's tool registry) and, for a
+    """A `HubgymTRLEnv` subclass whose methods are the env's tools (its own, then hubgym's registry) and, for a
     multi_turn env, `act`. TRL reads tool schemas from the class's methods (signature, type hints, docstring)."""
     methods: dict[str, Any] = {"VERIFIER": verifier, "ENV": env}
-    for schema in _tool_schemas(tasks):
+    for schema in _tool_schemas(tasks, verifier):
         methods[schema["name"]] = _tool_method(schema)
     if verifier.multi_turn:
         methods[ACT_TOOL] = _act_method()
     return type(f"{_class_name(env)}Env", (HubgymTRLEnv,), methods)
 
 
-def _tool_schemas(tasks: list[Task]) -> list[dict[str, Any]]:
-    """Each tool the rows offer, once, as its OpenAI function schema (from the first row offering it)."""
+def _tool_schemas(tasks: list[Task], verifier: Verifier) -> list[dict[str, Any]]:
+    """Each tool the rows offer, once, as its OpenAI function schema (from the first row offering it; the env's
+    own tools, which travel with its verifier, first)."""
     from hubgym.tools.registry import make_toolbox
 
     seen: dict[str, dict[str, Any]] = {}
     for task in tasks:
         names = [n for n in task["interaction"]["tools"] if n not in seen]
         if names:
-            for schema in make_toolbox(names, task).schemas():
+            for schema in make_toolbox(names, task, verifier.tools).schemas():
                 seen.setdefault(schema["function"]["name"], schema["function"])
     return list(seen.values())
 

@@ -48,10 +48,10 @@ class HubgymTask(vf.Task[HubgymData, vf.State, vf.TaskConfig]):
 
 class HubgymTaskset(vf.Taskset[HubgymTask, HubgymTasksetConfig]):
     def load(self):
-        from hubgym.resolve import load_env_tasks
+        from hubgym.envs import open_env
 
-        loaded = load_env_tasks(self.config.env, self.config.split, self.config.limit)
-        for task in loaded.tasks:
+        loaded = open_env(self.config.env)
+        for task in loaded.take(self.config.split, self.config.limit):
             if task["interaction"]["kind"] == "tool_use":
                 raise ValueError(f"env {loaded.env!r} row {task['id']!r}: tool_use rows are not offered to verifiers "
                                  f"(its tools are MCP servers); use a single_turn or multi_turn env")
@@ -98,9 +98,9 @@ class HubgymEnv(vf.Env[HubgymEnvConfig]):
     def verifier(self):
         """The verifier of the taskset's env (its ENV[:CONFIG] spec: a name or a folder), loaded once."""
         if getattr(self, "_verifier", None) is None:
-            from hubgym.resolve import resolve_env, split_spec
+            from hubgym.envs import open_env
 
-            self._verifier = resolve_env(split_spec(self.config.taskset.env)[0]).verifier()
+            self._verifier = open_env(self.config.taskset.env).verifier
         return self._verifier
 
 
