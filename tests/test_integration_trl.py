@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from hubgym.builders.registry import resolve_env
+from hubgym.envs import resolve_env
 from hubgym.integrations.trl import TASK_COLUMN, from_trl_completion, trl_env
 from hubgym.schemas.messages import assistant
 

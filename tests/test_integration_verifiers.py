@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from hubgym.cli import app
 from hubgym.hub.rollout_reader import iter_rollouts
-from hubgym.resolve import resolve_env
+from hubgym.envs import resolve_env
 
 ENV, LIMIT, SAMPLES = "wordle", 2, 2
 runner = CliRunner()
