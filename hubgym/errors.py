@@ -236,6 +236,15 @@ class NodeError(HubgymError, RuntimeError):
         self.rank, self.host = rank, host
 
 
+class ResultsError(HubgymError, ValueError):
+    """Results written by another framework (verifiers' traces.jsonl) that `hubgym import` cannot read: a missing
+    file, a line that is not JSON, a field that is missing or of the wrong type. `path` names the file and line."""
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None):
+        self.path, self.line = path, line
+        super().__init__(message, path=path, line=line)
+
+
 def error_text(exc: BaseException) -> str:
     """The message of a hubgym error; `Type: message` of anything else. A failed datasets build is reported by
     the builder's own error underneath it (its `__cause__`)."""

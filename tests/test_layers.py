@@ -24,10 +24,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),  # model references, the tiny model, SmolLM2
     ("rollout",),  # engines, the agent loop, token records, shards, reports
     ("score", "stats"),  # re-scoring and replay; task difficulty across runs
-    ("train", "cluster"),  # GRPO on DeepSpeed; Ray
+    ("train", "cluster", "integrations"),  # GRPO on DeepSpeed; Ray; hubgym in TRL and verifiers
     ("conformance",),  # the checks behind `hubgym check`
     ("authoring",),  # `hubgym init` and `hubgym wrap`
-    ("app",),  # views, the main job
+    ("app", "viewer"),  # views, the main job; `hubgym view`
     ("cli", "__main__"),  # the `hubgym` command
 ]
 """Rooms, bottom first; a room may import the rooms of its own line and of the lines above it."""

@@ -8,6 +8,8 @@
     hubgym eval                                        hubgym.cli.evaluate  (held-out reward of a model)
     hubgym train                                       hubgym.cli.train     (GRPO)
     hubgym demo                                        hubgym.cli.demo      (the main job, hubgym.app.pipeline)
+    hubgym view                                        hubgym.cli.view      (a local page over runs)
+    hubgym import verifiers                            hubgym.cli.imports   (other frameworks' runs)
 
 Tables and progress bars come from hubgym.app.views, which the main job uses too; nothing below the CLI
 imports it.
@@ -18,7 +20,7 @@ import sys
 from hubgym.cli.app import app
 
 # Each module registers its commands on `app`, in the order `hubgym --help` lists them.
-from hubgym.cli import envs, wrap, rollouts, score, stats, evaluate, train, demo  # noqa: E402,F401,I001
+from hubgym.cli import envs, wrap, rollouts, score, stats, evaluate, train, demo, view, imports  # noqa: E402,F401,I001
 
 __all__ = ["app", "main"]
 

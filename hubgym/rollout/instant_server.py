@@ -10,6 +10,7 @@ so a benchmark against it measures the client alone:
 - `POST /v1/chat/completions`: the model's chat template rendered and tokenized (the top-level
   `prompt_token_ids`, as vLLM returns them), hermes tool calls (`tool_calls`, finish_reason
   "tool_calls"), `logprobs.content`, `token_ids`; `kv_transfer_params.prompt_token_ids` skips templating;
+  `stream: true` answers as server-sent events (the clients that stream, such as verifiers' harnesses);
 - `GET /v1/models`, `GET /health`, `GET /metrics` (vLLM's counter names: generated and prompt tokens, requests).
 
 Every route also answers under an env prefix, `/<env>/v1/...`, which picks the env's replies (else
@@ -76,7 +77,8 @@ class InstantApp:
                 if not message.get("more_body"):
                     break
             status, body = self._post(env, path, b"".join(chunks))
-        kind = b"text/plain" if path == "/metrics" else b"application/json"
+        streamed = status == 200 and body.startswith(b"data: ")
+        kind = b"text/plain" if path == "/metrics" else b"text/event-stream" if streamed else b"application/json"
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", kind), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
@@ -102,7 +104,8 @@ class InstantApp:
             if path == "/v1/completions":
                 return 200, self.encode(self.completions(env, body))
             if path == "/v1/chat/completions":
-                return 200, self.encode(self.chat(env, body))
+                answer = self.chat(env, body)
+                return 200, self.stream(answer, body) if body.get("stream") else self.encode(answer)
         except Exception as exc:  # a malformed request: vLLM answers 400 with the reason
             return 400, self.encode({"error": {"message": f"{type(exc).__name__}: {exc}", "type": "BadRequestError",
                                                "code": 400}})
@@ -169,6 +172,25 @@ class InstantApp:
                 "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(reply.ids) * n,
                           "total_tokens": len(prompt_ids) + len(reply.ids) * n},
                 "prompt_logprobs": None, "prompt_token_ids": prompt_ids if want_ids else None}
+
+    def stream(self, answer: dict, body: dict) -> bytes:
+        """A chat answer as vLLM streams it (server-sent events): per choice one delta with the whole reply (role,
+        content, tool calls with their index, logprobs, token ids), then one with the finish reason; the usage
+        when `stream_options.include_usage` asks for it; then `[DONE]`."""
+        head = {k: answer[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        events = []
+        for choice in answer["choices"]:
+            message = choice["message"]
+            calls = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+            delta = {"role": "assistant", "content": message["content"]} | ({"tool_calls": calls} if calls else {})
+            events.append(head | {"choices": [{"index": choice["index"], "delta": delta, "logprobs": choice["logprobs"],
+                                               "finish_reason": None, "token_ids": choice["token_ids"]}],
+                                  "prompt_token_ids": answer["prompt_token_ids"]})
+            events.append(head | {"choices": [{"index": choice["index"], "delta": {}, "logprobs": None,
+                                               "finish_reason": choice["finish_reason"]}]})
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append(head | {"choices": [], "usage": answer["usage"]})
+        return b"".join(b"data: " + self.encode(e) + b"\n\n" for e in events) + b"data: [DONE]\n\n"
 
     def _render(self, body: dict) -> list[int]:
         """The prompt as vLLM renders it: the chat template over the messages (tool-call arguments parsed into

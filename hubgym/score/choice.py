@@ -96,7 +96,7 @@ class VerifierChoice:
 
     Each env has one source: a module given for it (`ENV=MODULE`), the verifier of a hub env revision of that
     env (pinned or trusted), a module given without an env (the one env no other source covers), or else the
-    env's current registered verifier. A row's env value itself never names code (see hubgym.resolve).
+    env's current registered verifier. A row's env value itself never names code (see hubgym.envs.stored).
     """
 
     def __init__(self, verifier: VerifierArg = None, env_revision: RevisionArg = None, *, trust: bool = False,

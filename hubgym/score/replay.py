@@ -215,7 +215,7 @@ def iter_replay(rows: Iterable[dict[str, Any]], *, rollout: str | None = None, r
 
     `verifier` chooses each env's verifier as in `hubgym score` (`MODULE`, `ENV=MODULE`, {env: module}, or a
     VerifierChoice with hub env revisions); other envs use their registered verifier. A row's env never
-    names code by itself (hubgym.resolve).
+    names code by itself (hubgym.envs.stored).
     """
     choice = verifier if isinstance(verifier, VerifierChoice) else VerifierChoice(verifier)
     verifiers: dict[str, Verifier] = {}

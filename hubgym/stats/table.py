@@ -13,7 +13,7 @@ more rows; the merge keeps the part with the most rows, since a run only ever gr
 A row counts as a sample when it has a reward (rows whose rollout or verifier failed count in `errors`,
 as in `hubgym report`). It passes when the row's recorded `success` metric is 1 (what `hubgym rollout`
 and the trainer write), else when its reward reaches the env's SUCCESS_THRESHOLD, read from the env's
-verifier through hubgym.resolve (stored data never chooses code) or given as `thresholds`.
+verifier through hubgym.envs.stored (stored data never chooses code) or given as `thresholds`.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def _passed(rows: pl.DataFrame, thresholds: Mapping[str, float]) -> pl.Expr:
 
 def verifier_threshold(env: str, rollout_id: str | None = None) -> float:
     """The SUCCESS_THRESHOLD of the verifier of a built-in or installed env that rows name (never code that the
-    rows choose: hubgym.resolve refuses anything else, saying how to choose)."""
+    rows choose: hubgym.envs.stored refuses anything else, saying how to choose)."""
     from hubgym.errors import EnvNotFoundError
     from hubgym.envs import stored_env_verifier
 

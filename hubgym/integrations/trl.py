@@ -1,0 +1,345 @@
+"""Any hubgym env inside TRL's `GRPOTrainer` (trl 1.16; `pip install 'hubgym[trl]'`).
+
+    from trl import GRPOConfig, GRPOTrainer
+    from hubgym.integrations.trl import trl_env, tool_parsing_tokenizer
+
+    env = trl_env("wordle", split="train")                       # a name, ENV:CONFIG, a folder or a pinned hub ref
+    args = GRPOConfig(output_dir="out", reward_weights=env.reward_weights, max_steps=100)
+    trainer = GRPOTrainer(model, args=args, processing_class=tool_parsing_tokenizer(tokenizer), **env.trainer_kwargs())
+    trainer.train()
+
+What TRL gets, built against exactly what 1.16's `GRPOTrainer.__init__` takes:
+
+- `train_dataset`: one row per task, `prompt` (the task's messages, conversational) and `hubgym_task` (the whole
+  task row as JSON: TRL passes extra columns to reward functions and to the environment's `reset`).
+- `reward_funcs` with `reward_weights` (for `GRPOConfig`): one function per weighted reward of the verifier, plus
+  `steps` (multi_turn: the summed step rewards) and `tool_calls` (per-call shaping), weight 1 each, and the
+  weight-0 metric `answer_found` where the verifier parses answers. The weighted total TRL computes is exactly
+  `Verifier.score`'s reward. A verifier that raises gives None from every function, which TRL treats as
+  unscorable (no advantage), never as a reward; the error is kept on the environment for inspection.
+- `environment_factory` for tool_use and multi_turn envs (TRL's environment interface is tool calls): each
+  instance is one rollout; `reset(**row)` starts it from `hubgym_task` (a multi_turn env's `reset` observation is
+  returned, and TRL appends it to the prompt); the env's tools are its methods, each call going through hubgym's
+  `Toolbox` (argument validation, timeouts, `Error: ...` results); a multi_turn env adds `act(action)`, which
+  gives the action to the verifier's `step` and returns the observation. The trajectory the verifier scores is
+  what the environment saw, in hubgym's form: for multi_turn, each `act` as an assistant turn and its observation
+  as a user turn (text the model writes outside `act` is not an env action in TRL).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from hubgym.schemas.messages import Message, assistant, message, tool_call, tool_result, user
+from hubgym.schemas.tasks import Task
+from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
+
+TASK_COLUMN = "hubgym_task"
+ACT_TOOL = "act"
+INSTALL = "pip install 'hubgym[trl]'"
+
+
+@dataclass
+class TRLEnv:
+    """One hubgym env, split and verifier, in the shapes `GRPOTrainer` takes."""
+
+    env: str
+    config: str
+    verifier: Verifier
+    tasks: list[Task]
+    scorer: "BatchScorer" = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.scorer = BatchScorer(self.verifier)
+
+    @property
+    def kind(self) -> str:
+        """single_turn, tool_use or multi_turn: the most demanding kind among the rows (one loop drives them all)."""
+        kinds = {t["interaction"]["kind"] for t in self.tasks}
+        return next((k for k in ("multi_turn", "tool_use") if k in kinds), "single_turn")
+
+    @property
+    def train_dataset(self):
+        """A `datasets.Dataset` of `prompt` (messages) and `hubgym_task` (the task row as JSON)."""
+        import datasets
+
+        return datasets.Dataset.from_dict({
+            "prompt": [[trl_message(m) for m in t["prompt"]] for t in self.tasks],
+            TASK_COLUMN: [json.dumps(t, default=str) for t in self.tasks],
+        })
+
+    @property
+    def components(self) -> list[tuple[str, float]]:
+        """(component name, weight) in the order of `reward_funcs`."""
+        out = [(ANSWER_FOUND, 0.0)] if self.verifier.parse_answer is not None else []
+        out += [(name, weight) for name, (_, weight) in self.verifier.rewards.items()]
+        if self.verifier.multi_turn:
+            out.append(("steps", 1.0))
+        if any(t["interaction"]["tool_rewards"] for t in self.tasks):
+            out.append(("tool_calls", 1.0))
+        return out
+
+    @property
+    def reward_funcs(self) -> list[Callable[..., list[float | None]]]:
+        return [self.scorer.component_fn(name) for name, _ in self.components]
+
+    @property
+    def reward_weights(self) -> list[float]:
+        """For `GRPOConfig(reward_weights=...)`: with them TRL's weighted sum is `Verifier.score`'s reward."""
+        return [weight for _, weight in self.components]
+
+    @property
+    def environment_factory(self) -> Callable[[], Any] | None:
+        """A class for TRL's `environment_factory` (None for single_turn envs: nothing to drive)."""
+        if self.kind == "single_turn":
+            return None
+        return environment_class(self.env, self.verifier, self.tasks)
+
+    def trainer_kwargs(self) -> dict[str, Any]:
+        """`train_dataset`, `reward_funcs` and, when the env needs one, `environment_factory`."""
+        kwargs: dict[str, Any] = {"train_dataset": self.train_dataset, "reward_funcs": self.reward_funcs}
+        if self.environment_factory is not None:
+            kwargs["environment_factory"] = self.environment_factory
+        return kwargs
+
+
+def trl_env(spec: str, split: str = "train", limit: int | None = None, *, hub: str | None = None,
+            trust: bool = False, pins: dict[str, str] | None = None) -> TRLEnv:
+    """An env's tasks and verifier for TRL: `spec` is what `hubgym rollout` takes (`ENV[:CONFIG]`, a folder, or a
+    hub ref `org/name@rev[:CONFIG]` with `pins={"org/name": "sha256:..."}` or `trust=True`)."""
+    from hubgym.envs import open_env
+
+    loaded = open_env(spec, hub=hub, trust=trust, pins=pins)
+    return TRLEnv(loaded.env, loaded.config, loaded.verifier, loaded.take(split, limit))
+
+
+# -- messages between TRL's form and hubgym's -----------------------------------------------------------------------
+
+def trl_message(m: Message) -> dict[str, Any]:
+    """A prompt message as TRL's conversational datasets hold it (role and content)."""
+    return {"role": m["role"], "content": m.get("content") or ""}
+
+
+def from_trl_completion(completion: list[dict[str, Any]] | str) -> list[Message]:
+    """TRL's completion (assistant turns whose `tool_calls` carry parsed argument dicts, and `tool` results) as
+    hubgym messages; tool calls get the ids hubgym's loop gives them (`call-<turn>-<n>`), results follow in order."""
+    if isinstance(completion, str):
+        return [assistant(completion)]
+    out: list[Message] = []
+    pending: list[str] = []  # call ids waiting for their results, oldest first
+    turn = 0
+    for m in completion:
+        if m["role"] == "assistant":
+            calls = [tool_call(f"call-{turn}-{n}", c["function"]["name"], _arguments_text(c["function"]))
+                     for n, c in enumerate(m.get("tool_calls") or [])]
+            out.append(assistant(_text(m.get("content")), calls or None))
+            pending = [c["id"] for c in calls]
+            turn += 1
+        elif m["role"] == "tool":
+            call_id = pending.pop(0) if pending else f"call-{turn}-orphan"
+            out.append(tool_result(_text(m.get("content")), call_id, m.get("name") or ""))
+        else:
+            out.append(message(m["role"], _text(m.get("content"))))
+    return out
+
+
+def _arguments_text(function: dict[str, Any]) -> str:
+    args = function.get("arguments")
+    return args if isinstance(args, str) else json.dumps(args if args is not None else {})
+
+
+def _text(content: Any) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict))  # content parts: text only
+
+
+# -- rewards ---------------------------------------------------------------------------------------------------------
+
+class BatchScorer:
+    """Scores each completion once per batch: TRL calls every reward function with the same `completions` list, so
+    the scores of the last list are kept (compared by identity, and held so the list cannot be freed and its id
+    reused) and each function reads its own component."""
+
+    def __init__(self, verifier: Verifier):
+        self.verifier = verifier
+        self._batch: tuple[Any, list[Score]] | None = None
+
+    def scores(self, completions: list, tasks: list[str], environments: list | None) -> list[Score]:
+        if self._batch is not None and self._batch[0] is completions:
+            return self._batch[1]
+        scores = []
+        for i, (completion, task_json) in enumerate(zip(completions, tasks, strict=True)):
+            env = environments[i] if environments else None
+            scores.append(self.score_one(completion, json.loads(task_json), env))
+        self._batch = (completions, scores)
+        return scores
+
+    def score_one(self, completion: Any, task: Task, env: "HubgymTRLEnv | None") -> Score:
+        # multi_turn: the actions the env was given through `act`; otherwise TRL's own completion (its final answer)
+        trajectory = env.trajectory if env is not None and self.verifier.multi_turn else from_trl_completion(completion)
+        score = self.verifier.score(task, trajectory)
+        if env is not None:
+            env.last_score = score
+        return score
+
+    def component_fn(self, name: str) -> Callable[..., list[float | None]]:
+        def reward(prompts: list, completions: list, hubgym_task: list[str], environments: list | None = None,
+                   **_: Any) -> list[float | None]:
+            return [s.components.get(name) if s.reward is not None else None
+                    for s in self.scores(completions, hubgym_task, environments)]
+
+        reward.__name__ = name  # TRL logs `rewards/<name>/mean`
+        reward.__qualname__ = name
+        return reward
+
+
+# -- the environment TRL drives --------------------------------------------------------------------------------------
+
+class HubgymTRLEnv:
+    """One rollout of a hubgym env under TRL: built by the factory, reset per example, tools as methods.
+
+    Subclasses made by `environment_class` add one method per tool of the env (and `act` for multi_turn)."""
+
+    VERIFIER: Verifier
+    ENV: str
+
+    def __init__(self) -> None:
+        self.task: Task | None = None
+        self.trajectory: list[Message] = []  # what the env saw, in hubgym's form (scored for multi_turn)
+        self.state: Any = None
+        self.done = False
+        self.actions = 0
+        self.last_score: Score | None = None
+        self._toolbox = None
+
+    def reset(self, **row: Any) -> str | None:
+        """Start a rollout of the row's task; returns the multi_turn reset observation for TRL to append."""
+        from hubgym.tools.registry import make_toolbox
+
+        self.task = json.loads(row[TASK_COLUMN])
+        self.trajectory, self.done, self.actions, self.last_score = [], False, 0, None
+        tools = self.task["interaction"]["tools"]
+        self._toolbox = make_toolbox(tools, self.task, self.VERIFIER.tools) if tools else None
+        if not self.VERIFIER.multi_turn:
+            return None
+        self.state, observation = self.VERIFIER.reset(self.task)
+        return f"\n\n{observation}" if observation else None
+
+    def _act(self, action: str) -> str:
+        if self.task is None:
+            raise RuntimeError("act called before reset")
+        if self.done:
+            return "The episode is over; stop calling act."
+        if self.actions >= self.task["interaction"]["max_turns"]:
+            self.done = True
+            return "No turns are left; the episode is over."
+        self.state, observation, reward, done = self.VERIFIER.step(self.task, self.state, action)
+        self.actions += 1
+        self.done = bool(done)
+        self.trajectory.append(assistant(action))
+        if observation:
+            self.trajectory.append(user(observation))
+        return observation or ("The episode is over." if self.done else "")
+
+    def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
+        if self._toolbox is None:
+            return f"Error: UnknownTool: this task offers no tool {name!r}"
+        call = tool_call(f"call-{len(self.trajectory)}-0", name, json.dumps(arguments))
+        outcome = self._toolbox.call(call)
+        self.trajectory += [assistant(None, [call]), outcome.message]
+        return outcome.message["content"] or ""
+
+
+def environment_class(env: str, verifier: Verifier, tasks: list[Task]) -> type[HubgymTRLEnv]:
+    """A `HubgymTRLEnv` subclass whose methods are the env's tools (its own, then hubgym's registry) and, for a
+    multi_turn env, `act`. TRL reads tool schemas from the class's methods (signature, type hints, docstring)."""
+    methods: dict[str, Any] = {"VERIFIER": verifier, "ENV": env}
+    for schema in _tool_schemas(tasks, verifier):
+        methods[schema["name"]] = _tool_method(schema)
+    if verifier.multi_turn:
+        methods[ACT_TOOL] = _act_method()
+    return type(f"{_class_name(env)}Env", (HubgymTRLEnv,), methods)
+
+
+def _tool_schemas(tasks: list[Task], verifier: Verifier) -> list[dict[str, Any]]:
+    """Each tool the rows offer, once, as its OpenAI function schema (from the first row offering it; the env's
+    own tools, which travel with its verifier, first)."""
+    from hubgym.tools.registry import make_toolbox
+
+    seen: dict[str, dict[str, Any]] = {}
+    for task in tasks:
+        names = [n for n in task["interaction"]["tools"] if n not in seen]
+        if names:
+            for schema in make_toolbox(names, task, verifier.tools).schemas():
+                seen.setdefault(schema["function"]["name"], schema["function"])
+    return list(seen.values())
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
+
+
+def _tool_method(schema: dict[str, Any]) -> Callable[..., str]:
+    """A method with the tool's name, typed parameters and a Google-style docstring, calling hubgym's Toolbox."""
+    name = schema["name"]
+    props = schema.get("parameters", {}).get("properties", {})
+    required = set(schema.get("parameters", {}).get("required", []))
+
+    def method(self, **arguments: Any) -> str:
+        return self._call_tool(name, arguments)
+
+    params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    annotations: dict[str, Any] = {"return": str}
+    for arg, spec in props.items():
+        annotations[arg] = _JSON_TYPES.get(spec.get("type", "string"), str)
+        default = inspect.Parameter.empty if arg in required else spec.get("default")
+        params.append(inspect.Parameter(arg, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                        annotation=annotations[arg]))
+    method.__signature__ = inspect.Signature(params, return_annotation=str)  # type: ignore[attr-defined]
+    method.__annotations__ = annotations
+    method.__name__ = method.__qualname__ = name
+    args_doc = "\n".join(f"    {arg}: {(spec.get('description') or arg).strip()}" for arg, spec in props.items())
+    method.__doc__ = f"{(schema.get('description') or name).strip()}\n\nArgs:\n{args_doc}\n" if props else \
+        (schema.get("description") or name)
+    return method
+
+
+def _act_method() -> Callable[..., str]:
+    def act(self, action: str) -> str:  # no hint on self: TRL reads every hint as a tool argument
+        """Take your turn in the environment: your whole move, written as the task asks for it.
+
+        Args:
+            action: the move, e.g. the text the task asks you to reply with
+        """
+        return self._act(action)
+
+    return act
+
+
+def _class_name(env: str) -> str:
+    return "".join(part.capitalize() for part in env.replace("-", "_").split("_") if part) or "Hubgym"
+
+
+# -- the tokenizer -----------------------------------------------------------------------------------------------------
+
+def tool_parsing_tokenizer(tokenizer: Any) -> Any:
+    """The tokenizer, able to parse tool calls in TRL: TRL knows response formats only for chat templates it ships;
+    a template that writes Hermes `<tool_call>{json}</tool_call>` blocks (hubgym's tiny model, Qwen-style models)
+    gets TRL's Qwen response template, which parses that format. Templates TRL knows, or tokenizers that already
+    have a response template, are returned as they are."""
+    try:
+        from trl.chat_template_utils import add_response_schema, qwen3_template
+    except ImportError as exc:
+        raise ImportError(f"TRL is not installed: {INSTALL}") from exc
+    if getattr(tokenizer, "response_template", None) is not None:
+        return tokenizer
+    try:
+        return add_response_schema(tokenizer)
+    except ValueError:
+        if "<tool_call>" not in (tokenizer.chat_template or ""):
+            raise
+    tokenizer.response_template = qwen3_template
+    return tokenizer

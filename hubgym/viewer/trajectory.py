@@ -1,0 +1,127 @@
+"""One stored rollout as the trajectory page shows it: messages with their tool calls and step rewards, reward
+components (stored, and re-scored where the run was), and the token record, model tokens told from env/tool ones.
+
+Everything comes from the row, which is untrusted: values are only read and passed to the template (which escapes
+them); tool-call arguments are shown as text, pretty-printed when they are JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hubgym.verifiers.contract import stored_step_rewards
+
+Decode = Callable[[int], str]
+
+
+@dataclass(frozen=True)
+class ShownMessage:
+    role: str
+    content: str
+    part: str  # "prompt" or "completion"
+    tool_calls: list[dict[str, str]]  # {id, name, arguments (pretty text)}
+    tool_call_id: str | None
+    name: str | None
+    reasoning: str | None
+    step: int | None  # the env step this assistant turn was (multi_turn), else None
+    step_reward: float | None
+    tool_failed: bool  # a tool result that starts with "Error: "
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str
+    id: int
+    model: bool  # sampled by the model (mask 1); else a tool/env token
+    logprob: float | None
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    old: float | None
+    new: float | None
+
+    @property
+    def changed(self) -> bool:
+        if self.old is None or self.new is None:
+            return self.old is not self.new
+        return abs(self.old - self.new) > 1e-9
+
+
+def messages(row: dict[str, Any]) -> list[ShownMessage]:
+    """Prompt then completion; a multi_turn row's env actions (assistant turns without tool calls) carry their step
+    number and the step reward stored for it."""
+    steps = stored_step_rewards(_named(row.get("metrics")))  # None: not a multi_turn row (no step was taken)
+    out = [_shown(m, "prompt", None, None) for m in row.get("prompt") or []]
+    action = 0
+    for m in row.get("completion") or []:
+        step = None
+        if steps is not None and m.get("role") == "assistant" and not m.get("tool_calls"):
+            step, action = action, action + 1
+        out.append(_shown(m, "completion", step, steps.get(step) if step is not None else None))
+    return out
+
+
+def _shown(m: dict[str, Any], part: str, step: int | None, reward: float | None) -> ShownMessage:
+    calls = [{"id": str(c.get("id") or ""), "name": str(c.get("name") or ""), "arguments": _pretty(c.get("arguments"))}
+             for c in m.get("tool_calls") or []]
+    content = str(m.get("content") or "")
+    return ShownMessage(str(m.get("role") or ""), content, part, calls, m.get("tool_call_id"), m.get("name"),
+                        m.get("reasoning"), step, reward, m.get("role") == "tool" and content.startswith("Error: "))
+
+
+def _pretty(arguments: Any) -> str:
+    text = str(arguments or "")
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def components(row: dict[str, Any]) -> list[Component]:
+    """Each reward component, stored and (in a re-scored run) new, in the order first seen."""
+    old = {m["name"]: m["value"] for m in _named(row.get("metrics"))}
+    new = {m["name"]: m["value"] for m in _named(row.get("rescore_metrics"))}
+    names = list(dict.fromkeys([*old, *new]))
+    return [Component(n, old.get(n), new.get(n)) for n in names]
+
+
+def _named(metrics: Any) -> list[dict[str, Any]]:
+    """The metric entries that have a name (a hand-made shard may hold others; they are not shown)."""
+    return [m for m in metrics or [] if isinstance(m, dict) and isinstance(m.get("name"), str)]
+
+
+def tokens(row: dict[str, Any], decode: Decode | None) -> list[Token]:
+    ids = row.get("completion_ids") or []
+    mask = row.get("completion_mask") or []
+    logprobs = row.get("completion_logprobs") or []
+    out = []
+    for i, token_id in enumerate(ids):
+        model = bool(mask[i]) if i < len(mask) else True
+        lp = logprobs[i] if i < len(logprobs) and model else None
+        lp = lp if lp is not None and math.isfinite(lp) else None
+        out.append(Token(decode(token_id) if decode else f"[{token_id}]", int(token_id), model, lp))
+    return out
+
+
+def tokenizer_decoder(model: str) -> Decode:
+    """Decode single token ids with the tokenizer of `model` (`tiny`, `smollm2-135m`, a folder or a Hub id, as
+    everywhere in hubgym), which the user names: stored rows never choose what is loaded."""
+    from transformers import AutoTokenizer
+
+    from hubgym.models import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model, setting="--tokenizer",
+                                                            needs=("tokenizer.json", "tokenizer_config.json")))
+    cache: dict[int, str] = {}
+
+    def decode(token_id: int) -> str:
+        if token_id not in cache:
+            cache[token_id] = tokenizer.decode([token_id])
+        return cache[token_id]
+
+    return decode

@@ -1,0 +1,201 @@
+"""hubgym envs inside TRL's GRPOTrainer: the dataset, reward functions and environment TRL takes, and TRL's own
+trainer running 2 steps on the CPU whose logged rewards equal hubgym's verifier on the same completions."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hubgym.envs import resolve_env
+from hubgym.integrations.trl import TASK_COLUMN, from_trl_completion, trl_env
+from hubgym.schemas.messages import assistant
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+GUESS = "slate"  # the move the tiny model is steered to make
+
+
+def total(env, funcs_out: list[list[float | None]], i: int) -> float:
+    return sum(w * out[i] for w, out in zip(env.reward_weights, funcs_out))
+
+
+def call_rewards(env, completions, rows, environments=None):
+    tasks = [row[TASK_COLUMN] for row in rows]
+    return [f(prompts=[r["prompt"] for r in rows], completions=completions, hubgym_task=tasks,
+              environments=environments) for f in env.reward_funcs]
+
+
+def test_weighted_reward_functions_add_up_to_the_verifier_score():
+    env = trl_env("arithmetic:easy", split="test", limit=3)
+    rows = list(env.train_dataset)
+    assert [json.loads(r[TASK_COLUMN])["id"] for r in rows] == [t["id"] for t in env.tasks]
+    assert rows[0]["prompt"] == [{"role": m["role"], "content": m["content"]} for m in env.tasks[0]["prompt"]]
+    answers = [json.loads(r[TASK_COLUMN])["info"]["answer"] for r in rows]
+    texts = [f"<answer>{answers[0]}</answer>", "no idea", f"<answer>{int(answers[2]) + 1}</answer>"]
+    completions = [[{"role": "assistant", "content": t}] for t in texts]
+    out = call_rewards(env, completions, rows)
+    assert [f.__name__ for f in env.reward_funcs] == [name for name, _ in env.components]
+    for i, task in enumerate(env.tasks):
+        expected = env.verifier.score(task, [assistant(texts[i])])
+        assert total(env, out, i) == pytest.approx(expected.reward)
+    assert [total(env, out, i) for i in range(3)] == [1.0, 0.0, 0.0]
+    assert env.environment_factory is None and "environment_factory" not in env.trainer_kwargs()
+
+
+def test_a_verifier_error_is_none_for_every_function_never_a_reward():
+    env = trl_env("arithmetic:easy", split="test", limit=1)
+    row = dict(env.train_dataset[0])
+    broken = json.loads(row[TASK_COLUMN])
+    del broken["info"]["answer"]  # the verifier raises a KeyError on this row
+    out = call_rewards(env, [[{"role": "assistant", "content": "<answer>1</answer>"}]],
+                       [{**row, TASK_COLUMN: json.dumps(broken)}])
+    assert [o[0] for o in out] == [None] * len(env.reward_funcs)
+
+
+def test_multi_turn_golden_games_through_act_earn_their_golden_reward():
+    env = trl_env("wordle", split="test", limit=1)
+    factory = env.environment_factory
+    assert "act" in dict(vars(factory)) and [n for n, _ in env.components][-1] == "steps"
+    cases = resolve_env("wordle").golden_cases()
+    row = dict(env.train_dataset[0])
+    for case in cases:
+        task = {**json.loads(row[TASK_COLUMN]), "info": case.task["info"], "interaction": {
+            **json.loads(row[TASK_COLUMN])["interaction"], **case.task["interaction"]}}
+        instance = factory()
+        observation = instance.reset(prompt=row["prompt"], **{TASK_COLUMN: json.dumps(task)})
+        expected = env.verifier.reset(task)[1]
+        assert observation == (f"\n\n{expected}" if expected else None)
+        for action in case.actions:
+            instance.act(action=action)
+        out = call_rewards(env, [[{"role": "assistant", "content": "done"}]],
+                           [{**row, TASK_COLUMN: json.dumps(task)}], [instance])
+        assert total(env, out, 0) == pytest.approx(case.reward), case.name
+    assert instance.act(action="<guess>crane</guess>") in ("The episode is over; stop calling act.",
+                                                           "No turns are left; the episode is over.")
+
+
+def test_tool_use_tools_are_methods_that_run_hubgym_tools_and_shape_the_reward():
+    env = trl_env("calc_tools:calculator", split="test", limit=1)
+    instance = env.environment_factory()
+    row = dict(env.train_dataset[0])
+    assert instance.reset(**row) is None
+    import inspect
+
+    assert list(inspect.signature(instance.calculator).parameters) == ["expression"]
+    assert instance.calculator(expression="6 * 7") == "42"
+    assert instance.calculator(expression="6 *").startswith("Error: ")
+    answer = json.loads(row[TASK_COLUMN])["info"]["answer"]
+    trl_completion = [  # what TRL's tool loop leaves: parsed argument dicts, tool results by name
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "6 * 7"}}}]},
+        {"role": "tool", "name": "calculator", "content": "42"},
+        {"role": "assistant", "content": f"<answer>{answer}</answer>"},
+    ]
+    hubgym_completion = from_trl_completion(trl_completion)
+    assert hubgym_completion[0]["tool_calls"][0] == {"id": "call-0-0", "name": "calculator",
+                                                      "arguments": '{"expression": "6 * 7"}'}
+    assert hubgym_completion[1]["tool_call_id"] == "call-0-0"
+    out = call_rewards(env, [trl_completion], [row], [instance])
+    expected = env.verifier.score(env.tasks[0], hubgym_completion)
+    assert total(env, out, 0) == pytest.approx(expected.reward) == pytest.approx(1.1)
+
+
+# -- TRL's own trainer ---------------------------------------------------------------------------------------------
+
+def recorder(env, seen: list):
+    """A weight-0 reward function that keeps, per step, what hubgym's verifier must score: each completion (for
+    multi_turn, the trajectory the environment recorded) with its task."""
+
+    def record(prompts, completions, hubgym_task, environments=None, **_):
+        if environments and env.verifier.multi_turn:
+            trajectories = [list(e.trajectory) for e in environments]
+        else:
+            trajectories = [from_trl_completion(c) for c in completions]
+        seen.append([(json.loads(t), traj) for t, traj in zip(hubgym_task, trajectories)])
+        return [0.0] * len(completions)
+
+    return record
+
+
+def run_trl(env, model, tokenizer, tmp_path, generation_kwargs=None):
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    logs, seen = [], []
+
+    class KeepLogs(TrainerCallback):
+        def on_log(self, args, state, control, logs_=None, **kwargs):
+            if kwargs.get("logs") and "reward" in kwargs["logs"]:
+                logs.append(dict(kwargs["logs"]))
+
+    kwargs = env.trainer_kwargs()
+    kwargs["reward_funcs"] = kwargs["reward_funcs"] + [recorder(env, seen)]
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
+                      max_completion_length=48, learning_rate=1e-3, logging_steps=1, report_to="none", use_cpu=True,
+                      seed=0, reward_weights=env.reward_weights + [0.0], save_strategy="no", bf16=False,
+                      max_tool_calling_iterations=3, disable_tqdm=True,
+                      generation_kwargs=generation_kwargs)
+    trainer = GRPOTrainer(str(model), args=args, processing_class=tokenizer, callbacks=[KeepLogs()], **kwargs)
+    trainer.train()
+    return logs, seen
+
+
+def assert_logged_rewards_are_hubgym_scores(env, logs, seen):
+    assert len(logs) == len(seen) == 2  # one generation batch per step, logged every step
+    for log, batch in zip(logs, seen):
+        scores = [env.verifier.score(task, trajectory) for task, trajectory in batch]
+        assert all(s.reward is not None for s in scores)
+        assert log["reward"] == pytest.approx(sum(s.reward for s in scores) / len(scores), abs=1e-6)
+        for name, _ in env.components:
+            mean = sum(s.components[name] for s in scores) / len(scores)
+            assert log[f"rewards/{name}/mean"] == pytest.approx(mean, abs=1e-6), name
+
+
+@pytest.mark.slow
+def test_trl_grpo_trains_a_single_turn_env_with_hubgym_rewards(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    env = trl_env("arithmetic:tiny", split="train", limit=4)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model, padding_side="left")
+    logs, seen = run_trl(env, tiny_model, tokenizer, tmp_path)
+    assert_logged_rewards_are_hubgym_scores(env, logs, seen)
+    assert all(len(batch) == 4 for batch in seen)
+
+
+@pytest.mark.slow
+def test_trl_grpo_plays_a_multi_turn_env_through_act_with_hubgym_rewards(tiny_model, tmp_path):
+    from transformers import AutoTokenizer
+
+    from hubgym.integrations.trl import tool_parsing_tokenizer
+
+    env = trl_env("wordle", split="train", limit=4)
+    tokenizer = tool_parsing_tokenizer(AutoTokenizer.from_pretrained(tiny_model, padding_side="left"))
+    logs, seen = run_trl(env, tiny_model, tokenizer, tmp_path, generation_kwargs=steer_to_act(tokenizer))
+    assert_logged_rewards_are_hubgym_scores(env, logs, seen)
+    played = [traj for batch in seen for _, traj in batch]
+    assert all(traj[0] == assistant(f"<guess>{GUESS}</guess>") for traj in played)  # act was called: games played
+    assert any(log["rewards/steps/mean"] > 0 for log in logs)  # and earned step rewards
+
+
+def steer_to_act(tokenizer) -> dict:
+    """Generation settings that make the random-weight tiny model reply with a Hermes tool call of `act` (it never
+    calls a tool by itself): transformers' `sequence_bias`, one entry per prefix of the call's tokens, each longer
+    prefix biased more, so each next token of the call wins once the tokens before it were sampled."""
+    call = json.dumps({"name": "act", "arguments": {"action": f"<guess>{GUESS}</guess>"}})
+    ids = tokenizer(f"<tool_call>\n{call}\n</tool_call>{tokenizer.eos_token}", add_special_tokens=False)["input_ids"]
+    return {"sequence_bias": [[ids[:k + 1], 100.0 + 10.0 * k] for k in range(len(ids))]}
+
+
+def test_a_hermes_template_gets_a_tool_call_parser_trl_can_use(tiny_model):
+    from transformers import AutoTokenizer
+
+    from hubgym.integrations.trl import tool_parsing_tokenizer
+
+    tokenizer = tool_parsing_tokenizer(AutoTokenizer.from_pretrained(tiny_model))
+    text = '<tool_call>\n{"name": "act", "arguments": {"action": "<guess>slate</guess>"}}\n</tool_call>'
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "play"}], add_generation_prompt=True)
+    ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False)["input_ids"]
+    parsed = tokenizer.parse_response(ids, prefix=prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    assert parsed["tool_calls"][0]["function"] == {"name": "act", "arguments": {"action": "<guess>slate</guess>"}}
+    assert from_trl_completion([parsed])[0]["tool_calls"][0]["arguments"] == '{"action": "<guess>slate</guess>"}'
