@@ -52,8 +52,14 @@ def imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found += [(node.lineno, node.module)]
+            submodules = [f"{node.module}.{a.name}" for a in node.names if _is_module(f"{node.module}.{a.name}")]
+            found += [(node.lineno, name) for name in submodules or [node.module]]  # `from pkg import module`
     return [(line, name) for line, name in found if name.startswith("hubgym.")]
+
+
+def _is_module(name: str) -> bool:
+    path = PACKAGE.parent / name.replace(".", "/")
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 MODULES = sorted(PACKAGE.rglob("*.py"))
