@@ -12,8 +12,24 @@ import torch
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.groups import Group, mask_stale
-from hubgym.train.loss import LossSettings, loss_fn, make_loss_fn, token_aligned, token_logprobs
-from hubgym.train.metrics import merge_metrics
+from hubgym.train.loss import LossSettings, token_aligned, token_logprobs
+from hubgym.train.loss import loss_fn as device_loss_fn, make_loss_fn as device_make_loss_fn
+from hubgym.train.metrics import merge_metrics, read_metrics
+
+
+def loss_fn(*args, **kwargs):
+    """The loss with its metrics read as numbers, as Policy.train_step reads them after the step."""
+    loss, metrics = device_loss_fn(*args, **kwargs)
+    return loss, read_metrics([metrics])[0]
+
+
+def make_loss_fn(*args, **kwargs):
+    model_loss = device_make_loss_fn(*args, **kwargs)
+
+    def read(model, batch):
+        loss, metrics = model_loss(model, batch)
+        return loss, read_metrics([metrics])[0]
+    return read
 from hubgym.train.packing import empty_batch, pack_step
 
 

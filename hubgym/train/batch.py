@@ -1,9 +1,16 @@
 """The packed micro-batch: the one tensor contract between the shard stream, the losses and DeepSpeed.
 
-Rows are laid out left-aligned and right-padded, prompt then completion, exactly as stored in the
-shards (never re-tokenized). Every per-token tensor is aligned with `input_ids`: position t holds
+Each sequence is laid out prompt then completion, exactly as stored in the shards (never
+re-tokenized). A row holds one sequence or several back to back (packing.py), and is right-padded
+to the micro-batch's width. Every per-token tensor is aligned with `input_ids`: position t holds
 what belongs to token t. A causal LM's logits at t-1 predict token t, so the losses compare
 `logits[:, :-1]` with `input_ids[:, 1:]` and read every per-token tensor at `[:, 1:]`.
+
+A row of several sequences carries `position_ids` that restart at 0 with each sequence; the model
+then keeps attention within each (transformers reads packed sequences from the position ids: a
+block-diagonal causal mask under SDPA, flash-attention's varlen kernel where it is the attention).
+Right padding continues the positions of the row's last sequence, so a row of one sequence is an
+ordinary causal row that needs no mask at all (no real token attends to the padding after it).
 
     input_ids        [B, T] int64   prompt ids + completion ids, 0-padded
     attention_mask   [B, T] int64   1 on real tokens
@@ -16,6 +23,12 @@ what belongs to token t. A causal LM's logits at t-1 predict token t, so the los
     prox_logprobs    [B, T] float32 optional, the trainer's own logprobs before this update (the
                                     "proximal" policy): when present the loss clips against them and
                                     corrects the sampler mismatch with a truncated IS weight (loss.py)
+    position_ids     [B, T] int64   optional, set when a row holds several sequences: each restarts at 0
+    sequence_index   [B, T] int64   optional, which sequence (index into advantages/weights) each token
+                                    belongs to; absent: row i is sequence i
+The per-sequence tensors (`advantages`, `weights`, `rollout_ids`, `envs`) have one entry per sequence.
+A sequence's first token is never a loss token (it is a prompt token), so no logit trains across a
+boundary between two sequences of a row.
 
 `num_sequences` (sequences with at least one loss token) and `num_tokens` (loss tokens), each
 sequence counted by its weight, are the counts of the *global* batch (all micro-batches of one
@@ -40,6 +53,8 @@ class MicroBatch:
     weights: torch.Tensor
     ref_logprobs: torch.Tensor | None = None
     prox_logprobs: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+    sequence_index: torch.Tensor | None = None
     num_sequences: float = 0  # of the global batch, weighted (set when the step's micro-batches are known)
     num_tokens: float = 0  # loss-mask tokens of the global batch, weighted by their sequence's weight
     rollout_ids: list[str] = field(default_factory=list)  # for logs and checks, never for the loss
@@ -50,7 +65,30 @@ class MicroBatch:
         """Real (non-pad) tokens in this micro-batch: what throughput counts."""
         return int(self.attention_mask.sum())
 
+    def loss_positions(self) -> torch.Tensor:
+        """(B, T-1) bool: where the logits at t predict a loss token t + 1."""
+        return self.loss_mask[:, 1:] > 0
+
+    def next_token_positions(self) -> torch.Tensor:
+        """(B, T-1) bool: where the next token is a real token of the same sequence (every logprob that means
+        something: not the padding, not the first token of the next sequence of a packed row)."""
+        positions = self.attention_mask[:, 1:] > 0
+        if self.sequence_index is not None:
+            positions = positions & (self.sequence_index[:, 1:] == self.sequence_index[:, :-1])
+        return positions
+
+    def sequence_of(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """The sequence (index into advantages/weights) of the tokens at (rows, cols + 1)."""
+        return self.sequence_index[:, 1:][rows, cols] if self.sequence_index is not None else rows
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """What the model's forward takes: the ids, and the position ids of a packed micro-batch. No attention
+        mask: padding is only ever at a row's end, after every real token (see above)."""
+        if self.position_ids is None:
+            return {"input_ids": self.input_ids}
+        return {"input_ids": self.input_ids, "position_ids": self.position_ids}
+
     def to(self, device: torch.device | str) -> "MicroBatch":
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+        moved = {f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
         return replace(self, **moved)
