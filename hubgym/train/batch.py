@@ -17,8 +17,8 @@ ordinary causal row that needs no mask at all (no real token attends to the padd
     loss_mask        [B, T] float32 1 on model-sampled completion tokens that train; 0 on prompt,
                                     tool/env tokens, padding, and (if so configured) truncated rows
     old_logprobs     [B, T] float32 behaviour logprobs from the engine (0 where loss_mask is 0)
-    advantages       [B]    float32 one group-relative advantage per sequence
-    weights          [B]    float32 per-sequence weight (zero-variance down-weighting; 1 otherwise)
+    advantages       [S]    float32 one group-relative advantage per sequence (S sequences; S = B unpacked)
+    weights          [S]    float32 per-sequence weight (zero-variance down-weighting; 1 otherwise)
     ref_logprobs     [B, T] float32 optional, reference-model logprobs when beta > 0
     prox_logprobs    [B, T] float32 optional, the trainer's own logprobs before this update (the
                                     "proximal" policy): when present the loss clips against them and
@@ -80,6 +80,13 @@ class MicroBatch:
     def sequence_of(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """The sequence (index into advantages/weights) of the tokens at (rows, cols + 1)."""
         return self.sequence_index[:, 1:][rows, cols] if self.sequence_index is not None else rows
+
+    def span(self, sequence: int) -> tuple[int, slice]:
+        """(row, columns) of sequence `sequence`'s tokens: where to read its ids, masks and logprobs."""
+        if self.sequence_index is None:
+            return sequence, slice(0, int(self.attention_mask[sequence].sum()))
+        rows, cols = ((self.sequence_index == sequence) & (self.attention_mask > 0)).nonzero(as_tuple=True)
+        return int(rows[0]), slice(int(cols.min()), int(cols.max()) + 1)
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """What the model's forward takes: the ids, and the position ids of a packed micro-batch. No attention

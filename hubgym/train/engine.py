@@ -19,6 +19,11 @@ How a bad step is skipped. A non-finite loss is turned into NaN gradients on pur
 ZeRO optimizers check the global gradient norm before the update and, when it is not finite
 (a NaN loss, or an inf/NaN gradient from a finite loss), drop the gradients and leave weights and
 AdamW moments untouched. `engine.was_step_applied()` tells which happened, on every rank alike.
+
+How the step waits for the device. The losses, their finite checks and the loss's metrics stay on the
+device as tensors for the whole step (a non-finite loss is turned into NaN by a multiplication decided
+there) and are read in one copy after the optimizer step: the host queues every micro-batch's work
+without waiting for the GPU to finish the previous one.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from hubgym.fileio import replace_dir
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.lora import LoraSettings, is_lora, merged_weights, wrap_lora
-from hubgym.train.metrics import merge_metrics
+from hubgym.train.metrics import merge_metrics, read_metrics, read_numbers
 from hubgym.train.schedule import SCHEDULES, Schedule, make_scheduler
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -217,47 +222,49 @@ class Policy:
         started = time.perf_counter()
         self.engine.train()
         lr = self.engine.optimizer.param_groups[0]["lr"]  # this update's (the scheduler moves it in step())
-        loss_sum, tokens, bad = 0.0, 0, 0
-        per_batch: list[dict[str, float]] = []
+        losses, bad, tokens = [], [], 0
+        per_batch: list[dict[str, torch.Tensor]] = []
         for i, batch in enumerate(micro_batches):
+            tokens += batch.tokens  # counted on the host's copy: no wait for the device
             batch = batch.to(self.device)
             loss, metrics = loss_fn(self.engine, batch)
-            if not torch.isfinite(loss.detach()).all():
-                bad += 1
-                loss = loss * float("nan")  # NaN in every gradient it reaches: DeepSpeed skips the update
+            finite = torch.isfinite(loss.detach())
+            # A non-finite loss becomes NaN in every gradient it reaches (DeepSpeed then skips the update); a
+            # finite one is multiplied by exactly 1. Decided on the device: the host does not wait for it here.
+            loss = loss * torch.where(finite, 1.0, float("nan"))
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)  # undo the mean over ranks
-            loss_sum += float(loss.detach())
-            tokens += batch.tokens
-            per_batch.append({key: float(value) for key, value in metrics.items()})
+            losses.append(loss.detach())
+            bad.append(~finite)
+            per_batch.append(metrics)
         self.engine.step()
-        loss_sum, tokens, bad = self._sum_over_ranks(loss_sum, tokens, bad)
+        # The step's one read from the device: every loss, finite check and metric at once, after the update.
+        numbers = read_numbers([torch.stack(losses).sum(), torch.stack(bad).sum()])
+        loss_sum, tokens, bad_count = self._sum_over_ranks(numbers[0], tokens, numbers[1])
         applied = self.engine.was_step_applied()
-        if bad and applied:  # cannot happen with DeepSpeed's ZeRO optimizers; if it did, the weights hold NaN
+        if bad_count and applied:  # cannot happen with DeepSpeed's ZeRO optimizers; if it did, the weights hold NaN
             raise RuntimeError("a non-finite loss reached the weights: DeepSpeed did not skip the update")
-        reason = None if applied else (SKIP_LOSS if bad else SKIP_GRAD)
+        reason = None if applied else (SKIP_LOSS if bad_count else SKIP_GRAD)
         norm = self.engine.get_global_grad_norm()
         return StepStats(loss=loss_sum, grad_norm=float(norm) if applied and norm is not None else None,
                          lr=lr, tokens=int(tokens),
                          micro_batches=len(micro_batches), skipped=not applied, skip_reason=reason,
                          seconds=time.perf_counter() - started,
-                         metrics=merge_metrics(per_batch, self._reduce_over_ranks))
+                         metrics=merge_metrics(read_metrics(per_batch), self._reduce_over_ranks))
 
     @torch.no_grad()
     def logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """Logprob of each next token under the current weights, (B, T-1), 0 on padding; no gradient.
+        """Logprob of each next token under the current weights, (B, T-1), 0 on padding and where the next token
+        starts another sequence of a packed row; no gradient.
 
         For reference or proximal logprobs. Under ZeRO-3 the forward gathers weights collectively:
         every rank must call it the same number of times.
         """
+        from hubgym.train.loss import token_logprobs
+
         self.engine.eval()
         batch = batch.to(self.device)
-        logits = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             use_cache=False).logits[:, :-1]  # (B, T-1, V): logits at t predict token t+1
-        targets = batch.input_ids[:, 1:]
-        rows = [row.float().gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(row.float(), -1)
-                for row, t in zip(logits, targets)]  # one (T-1, V) float32 copy at a time, not (B, T-1, V)
-        return torch.stack(rows) * batch.attention_mask[:, 1:]
+        return token_logprobs(self.engine, batch, positions=batch.next_token_positions())[0]  # chunked, no (B,T,V)
 
     def full_state_dict(self, dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
         """Full weights with Hugging Face names on rank 0 ({} on other ranks), as `dtype`; call it on every rank.
