@@ -22,8 +22,8 @@ def varied_groups(vocab: int) -> list[Group]:
         rows = []
         for s in range(3):
             c = max(1, longest - 9 * s)
-            rows.append({"rollout_id": f"{g}-{s}", "prompt_ids": torch.randint(0, vocab, (prompt,), generator=gen).tolist(),
-                         "completion_ids": torch.randint(0, vocab, (c,), generator=gen).tolist(),
+            ids = torch.randint(0, vocab, (prompt + c,), generator=gen).tolist()
+            rows.append({"rollout_id": f"{g}-{s}", "prompt_ids": ids[:prompt], "completion_ids": ids[prompt:],
                          "completion_mask": [int(i % 5 != 3) for i in range(c)],
                          "completion_logprobs": (-torch.rand(c, generator=gen) * 3).tolist()})
         groups.append(Group("e", f"g{g}", rows, [1.0, -0.5, -0.5] if g % 2 else [-1.0, 0.25, 0.75], 1.0,

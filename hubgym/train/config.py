@@ -164,6 +164,9 @@ class Optim(Section):
                                                    "'auto': on GPUs that support bf16, fp32 on CPUs (true also "
                                                    "trains on a CPU, slower there than fp32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
+    compile: bool = Field(False, description="run the model's decoder under torch.compile (dynamic shapes): "
+                          "fewer, fused kernels where a GPU's step is bound by launching them; the first steps "
+                          "pay the compilation. Off by default: on CPUs it measured slower (bench/RESULTS.md)")
 
     @field_validator("bf16", mode="before")
     @classmethod

@@ -68,6 +68,7 @@ class DeepSpeedSettings:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
     gradient_checkpointing: bool = False  # recompute activations in backward: memory for time
+    compile: bool = False  # the decoder under torch.compile (compile_decoder)
     micro_batches: int = 0  # micro-batches per rank per step (gradient accumulation); 0 = any (token packing)
     seed: int = 0  # torch seed before the model is built
 
@@ -174,6 +175,16 @@ def load_model(model_dir: str | Path, config: dict[str, Any]) -> torch.nn.Module
             unset_hf_deepspeed_config()
 
 
+def compile_decoder(model: torch.nn.Module) -> None:
+    """torch.compile the decoder in place (the part before the output layer, which the loss applies in chunks of
+    its own), with dynamic shapes: micro-batches change their rows and width from step to step, and a compile per
+    shape would never end. A model without the decoder/head split is compiled whole."""
+    from hubgym.train.chunked import output_head
+
+    head = output_head(model)
+    (head.causal_lm.get_decoder() if head is not None else model).compile(dynamic=True)
+
+
 class Policy:
     """A causal LM from a Hugging Face folder, wrapped by `deepspeed.initialize` with a torch AdamW."""
 
@@ -191,6 +202,8 @@ class Policy:
             model.config.use_cache = False
         if settings.lora.r:
             model = wrap_lora(model, settings.lora)  # base frozen: ZeRO shards only the adapters' state
+        if settings.compile:
+            compile_decoder(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, betas=settings.betas,
                                       weight_decay=settings.weight_decay)  # a torch optimizer: no Adam op to compile

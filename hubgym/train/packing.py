@@ -168,4 +168,5 @@ def empty_batch(num_sequences: float, num_tokens: float, pad_id: int = 0) -> Mic
     zero = torch.zeros((1, 2), dtype=torch.float32)
     return MicroBatch(input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
                       attention_mask=torch.ones((1, 2), dtype=torch.long), loss_mask=zero, old_logprobs=zero.clone(),
-                      advantages=torch.zeros(1), weights=torch.zeros(1), num_sequences=num_sequences, num_tokens=num_tokens)
+                      advantages=torch.zeros(1), weights=torch.zeros(1), num_sequences=num_sequences,
+                      num_tokens=num_tokens)
