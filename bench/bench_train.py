@@ -108,6 +108,7 @@ def main() -> None:
     parser.add_argument("--completion", type=int, default=None,
                         help="longest completion; each is half that to that (tiny 128, smollm2-135m 48)")
     parser.add_argument("--budget", type=int, default=4096, help="tokens per micro-batch")
+    parser.add_argument("--compile", action="store_true", help="hubgym's side with optim.compile (torch.compile)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     for key, value in SHAPES[args.model].items():
@@ -136,7 +137,7 @@ def main() -> None:
         writer = ShardWriter(tmp, "w000of001", max_rows=len(rows))
         writer.add_group(rows)
         writer.flush()
-        policy = Policy(model_dir, DeepSpeedSettings(lr=1e-4))
+        policy = Policy(model_dir, DeepSpeedSettings(lr=1e-4, compile=args.compile))
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         bare, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4), config={
             "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
@@ -145,7 +146,7 @@ def main() -> None:
         loss_fn = make_loss_fn(LossSettings(variant="grpo"))
         hub_step = lambda: hubgym_step(policy, Path(tmp), settings, loss_fn, args.budget)  # noqa: E731
         bare_run = lambda: bare_step(bare, batches)  # noqa: E731
-        hub_step(), bare_run()  # warm-up
+        hub_step(), bare_run()  # warm-up (and, with --compile, the compilation)
         times: dict[str, list[tuple[int, float]]] = {"bare": [], "hubgym": []}
         order = ["bare", "hubgym", "hubgym", "bare"]
         for i in range(2 * args.steps):

@@ -172,3 +172,34 @@ def test_the_fused_loss_never_holds_the_whole_token_by_vocab_logits():
     peak = float(subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True,
                                 check=True).stdout)
     assert peak < 0.25, f"the fused loss peaked at {peak:.2f} (N, V) float32 tensors"
+
+
+@pytest.mark.parametrize("output_layer", ["chunked", "liger"])
+def test_the_other_output_layers_give_the_same_loss_and_gradients(output_layer):
+    """loss.output_layer chunked (recomputed in backward) and liger (Liger-Kernel; here its CPU fallback) against
+    the loss on whole logits."""
+    model = small_llama()
+    batch = random_batch(torch.Generator().manual_seed(4), model.config.vocab_size, width=40)
+    cfg = LossSettings(variant="grpo", proximal="batch", beta=0.1, output_layer=output_layer)
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected, expected_metrics = whole_logits_loss(logits, batch, cfg)
+    expected.backward()
+    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    loss, metrics = make_loss_fn(cfg)(model, batch)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    assert read_metrics([metrics])[0]["policy/entropy"] == pytest.approx(expected_metrics["policy/entropy"], rel=1e-5)
+    for name, param in model.named_parameters():
+        assert torch.allclose(param.grad, expected_grads[name], atol=1e-5), name
+
+
+def test_liger_is_refused_when_missing_with_the_fix(monkeypatch):
+    import importlib.util
+
+    from hubgym.train.config import ConfigError, load_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"loss.output_layer=liger needs Liger-Kernel: pip install 'hubgym\[gpu\]'"):
+        load_config(None, ["loss.output_layer=liger"])

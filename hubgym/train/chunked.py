@@ -91,6 +91,19 @@ def chunked_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.
     return logp, entropy if with_entropy else None
 
 
+def liger_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, *,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """chunked_logprobs' values from Liger-Kernel's fused linear cross-entropy (per-token NLL and entropy: on an
+    H100 its SM90 kernel, elsewhere its own chunked PyTorch; its backward recomputes, as chunked_logprobs'
+    does). `loss.output_layer: liger`; `pip install 'hubgym[gpu]'` brings it."""
+    from liger_kernel.ops import LigerFusedLinearScaledCrossEntropyFunction
+
+    if not with_entropy:
+        return -LigerFusedLinearScaledCrossEntropyFunction.apply(hidden, weight, targets), None
+    nll, entropy = LigerFusedLinearScaledCrossEntropyFunction.apply(hidden, weight, targets, return_entropy=True)
+    return -nll, entropy.detach()
+
+
 # -- a loss whose gradients are made in the forward --------------------------------------------------
 
 TokenLoss = Callable[[torch.Tensor, slice], torch.Tensor]  # (logp of the tokens in `part`, part) -> summed loss

@@ -156,6 +156,16 @@ def deepspeed_config(settings: DeepSpeedSettings) -> dict[str, Any]:
     }
 
 
+def attention_implementation(config: dict[str, Any]) -> str | None:
+    """flash-attention 2 where it is installed and the step runs in bf16 on a GPU: its varlen kernel keeps a
+    packed row's sequences apart without a mask (pack_step's position ids). Otherwise transformers' default
+    (SDPA: a block-diagonal causal mask for a packed row, none for a row of one sequence)."""
+    import importlib.util
+
+    usable = torch.cuda.is_available() and config["bf16"]["enabled"] and importlib.util.find_spec("flash_attn")
+    return "flash_attention_2" if usable else None
+
+
 def load_model(model_dir: str | Path, config: dict[str, Any]) -> torch.nn.Module:
     """The causal LM of a Hugging Face folder in float32, partitioned when `config` is ZeRO-3.
 
@@ -169,7 +179,8 @@ def load_model(model_dir: str | Path, config: dict[str, Any]) -> torch.nn.Module
 
     hf_zero3 = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
     try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                    attn_implementation=attention_implementation(config))
     finally:
         if hf_zero3 is not None:
             unset_hf_deepspeed_config()

@@ -68,7 +68,7 @@ from dataclasses import dataclass, fields, replace
 import torch
 
 from hubgym.train.batch import MicroBatch
-from hubgym.train.chunked import OutputHead, chunked_logprobs, fused_token_loss, output_head
+from hubgym.train.chunked import OutputHead, chunked_logprobs, fused_token_loss, liger_logprobs, output_head
 from hubgym.train.config import ConfigError, validate_options
 
 PROXIMAL = ("batch", "current", "none")
@@ -83,25 +83,27 @@ class LossSettings:
     is_cap: float = 2.0  # C: the most a token's importance weight against the sampler counts
     dr_grpo_length: int = 128  # L of dr_grpo: the generation budget in tokens
     proximal: str = "batch"  # batch: batch.prox_logprobs when present | current: the policy itself | none
+    output_layer: str = "fused"  # fused: gradients made in the forward (chunked.py) | chunked | liger
 
     def __post_init__(self) -> None:
         """The ranges are the config's (hubgym.train.config), checked there once: a value a config accepts is
         one the loss accepts. Only `proximal` is not a config option."""
         validate_options("loss", variant=self.variant, epsilon_low=self.epsilon_low, epsilon_high=self.epsilon_high,
-                         beta=self.beta, is_cap=self.is_cap)
+                         beta=self.beta, is_cap=self.is_cap, output_layer=self.output_layer)
         validate_options("sampling", max_tokens=self.dr_grpo_length)  # L is the generation budget
         if self.proximal not in PROXIMAL:
             raise ConfigError(f"loss proximal is {self.proximal!r}; use one of {', '.join(PROXIMAL)}")
 
 
 def token_logprobs(model: torch.nn.Module, batch: MicroBatch, with_entropy: bool = False,
-                   positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   positions: torch.Tensor | None = None,
+                   output_layer: str = "chunked") -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each next token, (B, T-1), at `positions` (default: the loss tokens); 0 elsewhere.
 
     Also the entropy of the next-token distribution there (no gradient) when asked. A Hugging Face causal LM
     is run up to its last hidden state and its output layer is applied to the selected positions only, a
-    chunk at a time (hubgym.train.chunked): the (B, T, V) logits are never made. Any other model's logits
-    are taken as it returns them.
+    chunk at a time (hubgym.train.chunked; `output_layer="liger"`: Liger-Kernel's kernel): the (B, T, V)
+    logits are never made. Any other model's logits are taken as it returns them.
     """
     if positions is None:
         positions = batch.loss_positions()
@@ -112,10 +114,11 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, with_entropy: bool
     rows, cols = positions.nonzero(as_tuple=True)
     targets = batch.input_ids[rows, cols + 1]  # the hidden state at t predicts token t + 1
 
+    logprobs = liger_logprobs if output_layer == "liger" else chunked_logprobs
+
     def forward() -> tuple[torch.Tensor, torch.Tensor | None]:
         hidden = head.hidden_states(**batch.model_inputs())[rows, cols]  # (N, H)
-        return head.apply_head(lambda weight: chunked_logprobs(hidden, weight, targets, with_entropy=with_entropy),
-                               hidden)
+        return head.apply_head(lambda weight: logprobs(hidden, weight, targets, with_entropy=with_entropy), hidden)
 
     logp, entropy = head.run(forward)
     return _placed(logp, rows, cols, positions.shape), (
@@ -318,12 +321,13 @@ def _metrics(terms: TokenTerms, adv: torch.Tensor, entropy: torch.Tensor | None,
 
 
 def make_loss_fn(cfg: LossSettings, with_entropy: bool = True):
-    """loss_fn(model, batch) for Policy.train_step: the fused chunked loss for a Hugging Face causal LM, the
+    """loss_fn(model, batch) for Policy.train_step: for a Hugging Face causal LM the fused chunked loss
+    (`cfg.output_layer` fused), or its logprobs through chunked_logprobs or Liger-Kernel, then loss_fn; the
     logits' loss for any other model."""
     def model_loss(model: torch.nn.Module, batch: MicroBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        head = output_head(model)
+        head = output_head(model) if cfg.output_layer == "fused" else None
         if head is not None:
             return fused_loss(head, batch, cfg, with_entropy)
-        logp, entropy = token_logprobs(model, batch, with_entropy)
+        logp, entropy = token_logprobs(model, batch, with_entropy, output_layer=cfg.output_layer)
         return loss_fn(logp, batch, cfg, entropy)
     return model_loss

@@ -421,7 +421,7 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
     """The loss as the config sets it (L of dr_grpo is the generation budget)."""
     c = cfg.loss
     return LossSettings(variant=c.variant, epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, beta=c.beta,
-                        is_cap=c.is_cap, dr_grpo_length=cfg.sampling.max_tokens)
+                        is_cap=c.is_cap, dr_grpo_length=cfg.sampling.max_tokens, output_layer=c.output_layer)
 
 
 def group_settings(cfg: TrainConfig) -> GroupSettings:
