@@ -134,7 +134,7 @@ def peak_flops(override: float | None) -> float | None:
     return next((tflops * 1e12 for key, tflops in PEAK_BF16_TFLOPS.items() if key in name), None)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, here: bool = True) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", action="append", choices=list(PRESETS),
                         help="model shape; repeat for several (default: qwen2-0.5b)")
@@ -149,6 +149,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--zero-stage", type=int, choices=[2, 3], default=2)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--compile", action="store_true", help="hubgym's side with optim.compile (torch.compile)")
+    parser.add_argument("--output-layer", choices=["fused", "chunked", "liger"], default="fused",
+                        help="hubgym's loss.output_layer")
     parser.add_argument("--trl", action="store_true", help="add TRL's GRPOTrainer step as a third side")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this accelerator")
     parser.add_argument("--profile", action="store_true",
@@ -159,13 +161,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="hubgym's loss without its entropy metric (make_loss_fn(with_entropy=False))")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="measure nothing: show (and write) the results a --json run saved, e.g. on a GPU "
+                             "machine whose files come back without the repository")
     parser.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)  # one run, to a file
     args = parser.parse_args(argv)
     args.preset = args.preset or ["qwen2-0.5b"]
     args.budget = args.budget or [args.seq_len]
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if here and args.device == "cuda" and not torch.cuda.is_available() and not args.from_json:
         parser.error("--device cuda: no GPU here; use --device cpu")
-    if args.device == "cpu":
+    if here and args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""  # DeepSpeed then picks its CPU accelerator, gloo
     return args
 
@@ -177,23 +182,33 @@ def main(argv: list[str] | None = None) -> None:
         return
     from rich.console import Console
 
+    import deepspeed
+
     console = Console(width=160)
-    results = [run_child(args, preset, budget) for preset in args.preset for budget in args.budget]
+    if args.from_json:  # the run's own arguments and versions, for the section's text
+        saved = json.loads(args.from_json.read_text())
+        results, versions, no_write = saved["results"], saved["versions"], args.no_write
+        args = parse_args(saved["argv"], here=False)
+        args.no_write = no_write
+    else:
+        results = [run_child(args, preset, budget) for preset in args.preset for budget in args.budget]
+        versions = {"torch": torch.__version__, "deepspeed": deepspeed.__version__}
     table = results_table(results)
     console.print(table)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"argv": sys.argv[1:], "versions": versions, "results": results}, indent=1))
     if args.no_write:
         console.print("not written to bench/RESULTS.md (--no-write)")
         return
-    write_results(args, table, results)
+    write_results(args, table, results, versions)
 
 
 def run_child(args: argparse.Namespace, preset: str, budget: int) -> dict:
     """Measure one preset at one budget in a fresh process, so its engines and memory are gone before the next.
     A run that fails (out of memory, say) is a row saying so, not the end of the others."""
     options = ["--seq-len", args.seq_len, "--sequences", args.sequences, "--n", args.n, "--steps", args.steps,
-               "--device", args.device, "--zero-stage", args.zero_stage, "--budget", budget]
+               "--device", args.device, "--zero-stage", args.zero_stage, "--budget", budget,
+               "--output-layer", args.output_layer]
     options += ["--peak-tflops", args.peak_tflops] if args.peak_tflops else []
     flags = ("gradient_checkpointing", "compile", "trl", "profile", "profile_ops", "no_entropy")
     options += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag)]
@@ -236,7 +251,8 @@ def measure(args: argparse.Namespace, preset: str, budget: int) -> dict:
         groups = GroupSettings(n=args.n, zero_variance="keep")
         [batches] = pack_step(list(GroupStream([rows], groups)), budget)
         batches = [b.to(bare.device) for b in batches]
-        loss_fn = make_loss_fn(LossSettings(variant="grpo"), with_entropy=not args.no_entropy)
+        loss_fn = make_loss_fn(LossSettings(variant="grpo", output_layer=args.output_layer),
+                               with_entropy=not args.no_entropy)
         sides = {"bare": lambda: bare_step(bare, batches),
                  "hubgym": lambda: hubgym_step(policy, Path(tmp) / "run", groups, loss_fn, budget)}
         if args.trl:
@@ -423,26 +439,26 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else f"{platform.machine()} CPU ({os.cpu_count()} cores)"
 
 
-def write_results(args, table, results: list[dict]) -> None:
-    import deepspeed
+def write_results(args, table, results: list[dict], versions: dict[str, str]) -> None:
     from rich.console import Console
 
     capture = Console(width=200, record=True, file=open(os.devnull, "w"))
     capture.print(table)
     r = next((x for x in results if "sides" in x), results[0])
     flags = " ".join([f"--preset {p}" for p in args.preset] + [f"--budget {b}" for b in args.budget]
-                     + (["--device cpu"] if args.device == "cpu" else [])
+                     + (["--device cpu"] if "CPU" in str(r.get("device")) else [])
                      + [f"--{k} {getattr(args, k.replace('-', '_'))}" for k in ("seq-len", "sequences", "steps")]
                      + (["--zero-stage 3"] if args.zero_stage == 3 else [])
+                     + ([f"--output-layer {args.output_layer}"] if args.output_layer != "fused" else [])
                      + [f"--{f}" for f in ("gradient-checkpointing", "compile", "trl", "profile", "no-entropy")
                         if getattr(args, f.replace("-", "_"))])
     body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {flags}` on {r.get('device')}, torch "
-            f"{torch.__version__}, DeepSpeed {deepspeed.__version__}. One step = {args.sequences} sequences of "
+            f"{versions['torch']}, DeepSpeed {versions['deepspeed']}. One step = {args.sequences} sequences of "
             f"{args.seq_len} tokens in micro-batches of at most the budget's tokens, ZeRO-{args.zero_stage}, "
-            f"{'bf16' if args.device == 'cuda' else 'fp32'}, gradient checkpointing "
+            f"{'fp32' if 'CPU' in str(r.get('device')) else 'bf16'}, gradient checkpointing "
             f"{'on' if args.gradient_checkpointing else 'off'}, {args.steps} measured steps per side, rotating, "
             f"after a warm-up step of each.\n\n```\n{capture.export_text()}```\n")
-    write_section(HEADING if args.device == "cuda" else CPU_HEADING, body)
+    write_section(CPU_HEADING if "CPU" in str(r.get("device")) else HEADING, body)
 
 
 if __name__ == "__main__":

@@ -22,12 +22,15 @@ def test_bench_mfu_runs_on_the_cpu_and_hubgym_peaks_below_the_bare_loop(tmp_path
     subprocess.run([sys.executable, str(BENCH / "bench_mfu.py"), "--device", "cpu", "--preset", "tiny-49k",
                     "--seq-len", "256", "--sequences", "8", "--n", "4", "--budget", "1024", "--steps", "1",
                     "--profile", "--no-write", "--json", str(out)], check=True, capture_output=True)
-    [result] = json.loads(out.read_text())
+    [result] = json.loads(out.read_text())["results"]
     bare, hubgym = result["sides"]["bare"], result["sides"]["hubgym"]
     assert result["micro_batches"] == 2 and bare["tokens"] == hubgym["tokens"] == 8 * 256
     assert bare["tokens_s"] > 0 and hubgym["tokens_s"] > 0 and bare["mfu"] is None  # no peak FLOP/s on a CPU
     assert hubgym["kernels"] > 0 and bare["kernels"] > 0  # aten operators per step, from the profiler
     assert 0 < hubgym["peak_memory_gib"] < bare["peak_memory_gib"], (hubgym, bare)
+    shown = subprocess.run([sys.executable, str(BENCH / "bench_mfu.py"), "--from-json", str(out), "--no-write"],
+                           check=True, capture_output=True, text=True).stdout  # a GPU run's file, shown here
+    assert "tiny-49k" in shown and "hubgym" in shown and "aten ops / step" in shown
 
 
 def test_the_qwen25_preset_has_qwen25_15bs_size():

@@ -96,11 +96,15 @@ def liger_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Te
     """chunked_logprobs' values from Liger-Kernel's fused linear cross-entropy (per-token NLL and entropy: on an
     H100 its SM90 kernel, elsewhere its own chunked PyTorch; its backward recomputes, as chunked_logprobs'
     does). `loss.output_layer: liger`; `pip install 'hubgym[gpu]'` brings it."""
-    from liger_kernel.ops import LigerFusedLinearScaledCrossEntropyFunction
+    from liger_kernel.ops import LigerFusedLinearScaledCrossEntropyFunction as Liger
 
-    if not with_entropy:
-        return -LigerFusedLinearScaledCrossEntropyFunction.apply(hidden, weight, targets), None
-    nll, entropy = LigerFusedLinearScaledCrossEntropyFunction.apply(hidden, weight, targets, return_entropy=True)
+    try:
+        if not with_entropy:
+            return -Liger.apply(hidden, weight, targets), None
+        nll, entropy = Liger.apply(hidden, weight, targets, return_entropy=True)
+    except ImportError as exc:  # an H100's kernel is written in CUTLASS's Python DSL, an extra of its own
+        raise ImportError(f"loss.output_layer=liger: Liger-Kernel's kernel for this GPU cannot load ({exc}); "
+                          "pip install 'liger-kernel[cutedsl]', or use loss.output_layer=fused") from exc
     return -nll, entropy.detach()
 
 
