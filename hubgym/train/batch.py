@@ -55,6 +55,8 @@ class MicroBatch:
     prox_logprobs: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
     sequence_index: torch.Tensor | None = None
+    loss_rows: torch.Tensor | None = None  # the loss positions' (row, column) in (B, T-1), found on the host
+    loss_cols: torch.Tensor | None = None  # when packed: on a GPU, nonzero() would wait for the device
     num_sequences: float = 0  # of the global batch, weighted (set when the step's micro-batches are known)
     num_tokens: float = 0  # loss-mask tokens of the global batch, weighted by their sequence's weight
     rollout_ids: list[str] = field(default_factory=list)  # for logs and checks, never for the loss
@@ -68,6 +70,17 @@ class MicroBatch:
     def loss_positions(self) -> torch.Tensor:
         """(B, T-1) bool: where the logits at t predict a loss token t + 1."""
         return self.loss_mask[:, 1:] > 0
+
+    def loss_index(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rows, cols), (N,) each: where loss_positions() is True, in row-major order."""
+        if self.loss_rows is not None and self.loss_cols is not None:
+            return self.loss_rows, self.loss_cols
+        return self.loss_positions().nonzero(as_tuple=True)
+
+    def with_loss_index(self) -> "MicroBatch":
+        """This batch with its loss index found now (on the host, before it moves to a device)."""
+        rows, cols = self.loss_positions().nonzero(as_tuple=True)
+        return replace(self, loss_rows=rows, loss_cols=cols)
 
     def next_token_positions(self) -> torch.Tensor:
         """(B, T-1) bool: where the next token is a real token of the same sequence (every logprob that means
@@ -96,6 +109,8 @@ class MicroBatch:
         return {"input_ids": self.input_ids, "position_ids": self.position_ids}
 
     def to(self, device: torch.device | str) -> "MicroBatch":
-        moved = {f.name: getattr(self, f.name).to(device, non_blocking=True) for f in fields(self)
-                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        """On `device`; to a GPU from pinned memory, so the copies queue behind the GPU's work without waiting."""
+        pin = torch.device(device).type == "cuda"
+        moved = {f.name: (t.pin_memory() if pin and t.device.type == "cpu" else t).to(device, non_blocking=pin)
+                 for f in fields(self) if isinstance(t := getattr(self, f.name), torch.Tensor)}
         return replace(self, **moved)

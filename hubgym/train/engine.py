@@ -246,11 +246,13 @@ class Policy:
         started = time.perf_counter()
         self.engine.train()
         lr = self.engine.optimizer.param_groups[0]["lr"]  # this update's (the scheduler moves it in step())
-        losses, bad, tokens = [], [], 0
+        tokens = sum(batch.tokens for batch in micro_batches)  # counted on the host's copies
+        # Every micro-batch's copy is queued at once (from pinned memory on a GPU), its loss index found first.
+        moved = [(batch if batch.loss_rows is not None else batch.with_loss_index()).to(self.device)
+                 for batch in micro_batches]
+        losses, bad = [], []
         per_batch: list[dict[str, torch.Tensor]] = []
-        for i, batch in enumerate(micro_batches):
-            tokens += batch.tokens  # counted on the host's copy: no wait for the device
-            batch = batch.to(self.device)
+        for i, batch in enumerate(moved):
             loss, metrics = loss_fn(self.engine, batch)
             finite = torch.isfinite(loss.detach())
             # A non-finite loss becomes NaN in every gradient it reaches (DeepSpeed then skips the update); a

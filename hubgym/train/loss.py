@@ -105,13 +105,13 @@ def token_logprobs(model: torch.nn.Module, batch: MicroBatch, with_entropy: bool
     chunk at a time (hubgym.train.chunked; `output_layer="liger"`: Liger-Kernel's kernel): the (B, T, V)
     logits are never made. Any other model's logits are taken as it returns them.
     """
+    rows, cols = batch.loss_index() if positions is None else positions.nonzero(as_tuple=True)
     if positions is None:
         positions = batch.loss_positions()
     head = output_head(model)
     if head is None:
         logits = model(**batch.model_inputs()).logits  # (B, T, V)
         return gather_logprobs(logits, batch.input_ids, positions, with_entropy)
-    rows, cols = positions.nonzero(as_tuple=True)
     targets = batch.input_ids[rows, cols + 1]  # the hidden state at t predicts token t + 1
 
     logprobs = liger_logprobs if output_layer == "liger" else chunked_logprobs
@@ -205,8 +205,7 @@ class TokenTerms:
 
 def loss_tokens(batch: MicroBatch, cfg: LossSettings) -> LossTokens:
     """Select the loss tokens of `batch` and the per-token values of their terms (no model output needed)."""
-    positions = batch.loss_positions()
-    rows, cols = positions.nonzero(as_tuple=True)  # the loss tokens: (N,) each
+    rows, cols = batch.loss_index()  # the loss tokens: (N,) each
     sequence = batch.sequence_of(rows, cols)  # index into advantages / weights
     reference = None
     if cfg.beta > 0:

@@ -160,7 +160,8 @@ def collate(rows: list[list[Item]], width: int, num_sequences: float, num_tokens
         weights=torch.tensor([w for _, _, w, _, _ in placed], dtype=torch.float32),
         position_ids=positions if packed else None, sequence_index=sequence,
         num_sequences=num_sequences, num_tokens=num_tokens,
-        rollout_ids=[row.get("rollout_id", "") for row, *_ in placed], envs=[env for *_, env in placed])
+        rollout_ids=[row.get("rollout_id", "") for row, *_ in placed], envs=[env for *_, env in placed]
+    ).with_loss_index()
 
 
 def empty_batch(num_sequences: float, num_tokens: float, pad_id: int = 0) -> MicroBatch:
@@ -169,4 +170,4 @@ def empty_batch(num_sequences: float, num_tokens: float, pad_id: int = 0) -> Mic
     return MicroBatch(input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
                       attention_mask=torch.ones((1, 2), dtype=torch.long), loss_mask=zero, old_logprobs=zero.clone(),
                       advantages=torch.zeros(1), weights=torch.zeros(1), num_sequences=num_sequences,
-                      num_tokens=num_tokens)
+                      num_tokens=num_tokens).with_loss_index()
