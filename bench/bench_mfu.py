@@ -89,6 +89,7 @@ PRESETS = {  # model_type and its config's values
     "tiny-49k": ("qwen2", dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                                num_key_value_heads=2, vocab_size=49152, tie_word_embeddings=True)),
 }
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a parent's process group
 PEAK_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.4, "H200": 989.4, "GH200": 989.4, "A100": 312.0}
 
 
@@ -214,8 +215,9 @@ def run_child(args: argparse.Namespace, preset: str, budget: int) -> dict:
     options += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag)]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
+        env = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS}  # each child is its own one-process group
         done = subprocess.run([sys.executable, __file__, "--preset", preset, *map(str, options), "--child-json",
-                               str(out)])
+                               str(out)], env=env)
         if done.returncode or not out.exists():
             return {"preset": preset, "budget": budget, "seq_len": args.seq_len, "failed": done.returncode}
         return json.loads(out.read_text())

@@ -180,8 +180,9 @@ class Optim(Section):
                                                    "trains on a CPU, slower there than fp32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
     compile: bool = Field(False, description="run the model's decoder under torch.compile (dynamic shapes): "
-                          "fewer, fused kernels where a GPU's step is bound by launching them; the first steps "
-                          "pay the compilation. Off by default: on CPUs it measured slower (bench/RESULTS.md)")
+                          "fewer, fused kernels where a GPU's step is bound by launching them. Off by default: "
+                          "the first steps pay the compilation (about a minute on 2 CPU cores, more than a short "
+                          "run saves: bench/RESULTS.md)")
 
     @field_validator("bf16", mode="before")
     @classmethod
