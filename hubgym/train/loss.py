@@ -4,6 +4,12 @@ ways to aggregate.
 
     logp, entropy = token_logprobs(model, batch, with_entropy=True)      # (B, T-1), 0 off the loss tokens
     loss, metrics = loss_fn(logp, batch, LossSettings(variant="dapo"), entropy)
+    loss, metrics = make_loss_fn(LossSettings())(model, batch)           # what Policy.train_step runs
+
+The loss is a sum of per-token terms (`scale` x l_t below: the weight and the aggregation's divisors
+folded into one coefficient per token), so `make_loss_fn` can apply the model's output layer a chunk
+of tokens at a time and differentiate each chunk as it goes (hubgym.train.chunked), never holding the
+(tokens x vocabulary) logits.
 
 Notation, for a loss token t of sequence i (loss_mask 1):
     logp   the current policy's logprob of the token: the only term with a gradient
@@ -51,7 +57,8 @@ micro-batch losses is the whole-batch loss.
 Only the loss positions are ever selected, so every other position gets exactly zero gradient,
 whatever its stored values.
 
-Metrics, per micro-batch; a step merges them over micro-batches and ranks (metrics.merge_metrics):
+Metrics, per micro-batch, as 0-dim tensors on the loss's device (Policy.train_step reads a step's
+all at once, after the optimizer step); a step merges them over micro-batches and ranks (metrics.merge_metrics):
 `tokens` adds up, `_max` is a maximum, and every mean is weighted by its micro-batch's loss tokens, so a
 step's value is the mean over all of its loss tokens:
 policy/tokens, clip_frac_low (r < 1 - eps_low with A < 0), clip_frac_high (r > 1 + eps_high with
