@@ -162,9 +162,9 @@ def parse_args(argv: list[str] | None = None, here: bool = True) -> argparse.Nam
                         help="hubgym's loss without its entropy metric (make_loss_fn(with_entropy=False))")
     parser.add_argument("--no-write", action="store_true")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="measure nothing: show (and write) the results a --json run saved, e.g. on a GPU "
-                             "machine whose files come back without the repository")
+    parser.add_argument("--from-json", type=Path, action="append",
+                        help="measure nothing: show (and write, as one section) the results that --json runs saved, "
+                             "e.g. on a GPU machine whose files come back without the repository; repeatable")
     parser.add_argument("--child-json", type=Path, default=None, help=argparse.SUPPRESS)  # one run, to a file
     args = parser.parse_args(argv)
     args.preset = args.preset or ["qwen2-0.5b"]
@@ -186,14 +186,14 @@ def main(argv: list[str] | None = None) -> None:
     import deepspeed
 
     console = Console(width=160)
-    if args.from_json:  # the run's own arguments and versions, for the section's text
-        saved = json.loads(args.from_json.read_text())
-        results, versions, no_write = saved["results"], saved["versions"], args.no_write
-        args = parse_args(saved["argv"], here=False)
-        args.no_write = no_write
+    if args.from_json:  # the runs' own arguments and versions, for the section's text
+        runs = [json.loads(path.read_text()) for path in args.from_json]
+        results = [r for run in runs for r in run["results"]]
+        versions, commands = runs[0]["versions"], [run["argv"] for run in runs]
+        args = parse_args(runs[0]["argv"], here=False) if not args.no_write else args
     else:
         results = [run_child(args, preset, budget) for preset in args.preset for budget in args.budget]
-        versions = {"torch": torch.__version__, "deepspeed": deepspeed.__version__}
+        versions, commands = {"torch": torch.__version__, "deepspeed": deepspeed.__version__}, [sys.argv[1:]]
     table = results_table(results)
     console.print(table)
     if args.json:
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_write:
         console.print("not written to bench/RESULTS.md (--no-write)")
         return
-    write_results(args, table, results, versions)
+    write_results(args, table, results, versions, commands)
 
 
 def run_child(args: argparse.Namespace, preset: str, budget: int) -> dict:
@@ -277,7 +277,8 @@ def measure(args: argparse.Namespace, preset: str, budget: int) -> dict:
         per_token, peak = flops_per_token(policy.module, args.seq_len), peak_flops(args.peak_tflops)
         params = _ds_numel(policy.module)
     result = {"preset": preset, "params": params, "seq_len": args.seq_len, "micro_batches": len(batches),
-              "budget": budget, "device": _device_name(args.device), "zero_stage": args.zero_stage, "sides": {}}
+              "budget": budget, "device": _device_name(args.device), "zero_stage": args.zero_stage,
+              "setup": setup(args), "sides": {}}
     for side, runs in times.items():
         rate = statistics.median(t / s for t, s in runs)
         result["sides"][side] = {"tokens": runs[0][0], "step_s": statistics.median(s for _, s in runs),
@@ -285,6 +286,14 @@ def measure(args: argparse.Namespace, preset: str, budget: int) -> dict:
                                  "mfu": rate * per_token / peak if peak else None, "peak_memory_gib": peaks[side],
                                  **profiled.get(side, {})}
     return result
+
+
+def setup(args: argparse.Namespace) -> str:
+    """How a row was trained, in a few words: ZeRO stage and the options that change a step."""
+    options = [f"ZeRO-{args.zero_stage}"] + [name for name, on in (
+        ("checkpointing", args.gradient_checkpointing), ("compile", args.compile),
+        (f"output layer {args.output_layer}", args.output_layer != "fused"), ("no entropy", args.no_entropy)) if on]
+    return ", ".join(options)
 
 
 def rotation(sides: list[str]) -> list[str]:
@@ -410,15 +419,17 @@ def results_table(results: list[dict]):
     profiled = any("kernels" in m for r in done for m in r["sides"].values())
     extra = (["GPU busy (profiled step)"] if cuda else []) + (["kernels / step" if cuda else "aten ops / step"]
                                                               if profiled else [])
-    table = Table("model", "budget", "side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU", "vs bare",
-                  "peak memory GiB", *extra, title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
+    table = Table("model", "budget", "setup", "side", "tokens / step", "median step s", "tokens/s", "TFLOP/s", "MFU",
+                  "vs bare", "peak memory GiB", *extra,
+                  title=f"GRPO training step, {results[0]['seq_len']} tokens per sequence")
     for r in results:
         if "sides" not in r:
-            table.add_row(r["preset"], f"{r['budget']:,}", "failed", f"exit status {r['failed']}")
+            table.add_row(r["preset"], f"{r['budget']:,}", r.get("setup", ""), "failed", f"exit status {r['failed']}")
             continue
         bare = r["sides"]["bare"]["tokens_s"]
         for side, m in r["sides"].items():
-            table.add_row(f"{r['preset']} ({r['params'] / 1e6:.1f}M)", f"{r['budget']:,}", side, f"{m['tokens']:,}",
+            table.add_row(f"{r['preset']} ({r['params'] / 1e6:.1f}M)", f"{r['budget']:,}", r.get("setup", ""), side,
+                          f"{m['tokens']:,}",
                           f"{m['step_s']:.3f}", f"{m['tokens_s']:,.0f}", f"{m['tflops']:.2f}",
                           f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a", f"{m['tokens_s'] / bare:.3f}",
                           f"{m['peak_memory_gib']:.2f}",
@@ -441,27 +452,22 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else f"{platform.machine()} CPU ({os.cpu_count()} cores)"
 
 
-def write_results(args, table, results: list[dict], versions: dict[str, str]) -> None:
+def write_results(args, table, results: list[dict], versions: dict[str, str], commands: list[list[str]]) -> None:
     from rich.console import Console
 
-    capture = Console(width=200, record=True, file=open(os.devnull, "w"))
+    capture = Console(width=220, record=True, file=open(os.devnull, "w"))
     capture.print(table)
     r = next((x for x in results if "sides" in x), results[0])
-    flags = " ".join([f"--preset {p}" for p in args.preset] + [f"--budget {b}" for b in args.budget]
-                     + (["--device cpu"] if "CPU" in str(r.get("device")) else [])
-                     + [f"--{k} {getattr(args, k.replace('-', '_'))}" for k in ("seq-len", "sequences", "steps")]
-                     + (["--zero-stage 3"] if args.zero_stage == 3 else [])
-                     + ([f"--output-layer {args.output_layer}"] if args.output_layer != "fused" else [])
-                     + [f"--{f}" for f in ("gradient-checkpointing", "compile", "trl", "profile", "no-entropy")
-                        if getattr(args, f.replace("-", "_"))])
-    body = (f"Measured {dt.date.today()} with `python bench/bench_mfu.py {flags}` on {r.get('device')}, torch "
-            f"{versions['torch']}, DeepSpeed {versions['deepspeed']}. One step = {args.sequences} sequences of "
-            f"{args.seq_len} tokens in micro-batches of at most the budget's tokens, ZeRO-{args.zero_stage}, "
-            f"{'fp32' if 'CPU' in str(r.get('device')) else 'bf16'}, gradient checkpointing "
-            f"{'on' if args.gradient_checkpointing else 'off'}, {args.steps} measured steps per side, rotating, "
-            f"after a warm-up step of each.\n\n```\n{capture.export_text()}```\n")
+    skip = {"--json", "--no-write", "--child-json"}
+    shown = ["python bench/bench_mfu.py " + " ".join(a for i, a in enumerate(argv) if a not in skip
+                                                     and (i == 0 or argv[i - 1] not in skip)) for argv in commands]
+    body = (f"Measured {dt.date.today()} with {'; '.join(f'`{c.strip()}`' for c in shown)} on {r.get('device')}, "
+            f"torch {versions['torch']}, DeepSpeed {versions['deepspeed']}. One step = {args.sequences} sequences "
+            f"of {args.seq_len} tokens in micro-batches of at most the budget's tokens, "
+            f"{'fp32' if 'CPU' in str(r.get('device')) else 'bf16'}, the ZeRO stage and options of each row's "
+            f"setup, {args.steps} measured steps per side, rotating, after a warm-up step of each.\n\n"
+            f"```\n{capture.export_text()}```\n")
     write_section(CPU_HEADING if "CPU" in str(r.get("device")) else HEADING, body)
-
 
 if __name__ == "__main__":
     main()

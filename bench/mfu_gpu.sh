@@ -2,8 +2,8 @@
 # The GPU training-step measurement in one go (bench/RESULTS.md, "Training step on a GPU"), on one GPU:
 #   OUT=results-folder bash bench/mfu_gpu.sh
 # Each part writes OUT/<part>.json and OUT/<part>.txt as it ends (about 9 minutes in all on an H100, the most
-# important first); back on any machine, `python bench/bench_mfu.py --from-json OUT/<part>.json` shows a
-# part's table and writes its section of bench/RESULTS.md.
+# important first); back on any machine, `python bench/bench_mfu.py --from-json OUT/step.json --from-json
+# OUT/trl.json ...` shows the parts' rows as one table and writes them as the section of bench/RESULTS.md.
 set -uo pipefail
 OUT=${OUT:-mfu-gpu}
 mkdir -p "$OUT"
