@@ -1,7 +1,7 @@
 """Training-step throughput, MFU and peak memory of hubgym's GRPO step beside a bare DeepSpeed loop (and TRL).
 
     python bench/bench_mfu.py --preset qwen2-0.5b --preset smollm2-135m --budget 4096 --budget 16384 --profile
-    python bench/bench_mfu.py --preset qwen2.5-1.5b --budget 16384 --zero-stage 3 --gradient-checkpointing
+    python bench/bench_mfu.py --preset qwen2.5-1.5b --budget 16384 --zero-stage 3 --gradient-checkpointing --no-bare
     python bench/bench_mfu.py --preset qwen2-0.5b --budget 4096 --trl       # TRL's GRPOTrainer step as a third side
     python bench/bench_mfu.py --device cpu --preset tiny-49k --seq-len 512 --sequences 8 --budget 2048 --steps 2
 
@@ -28,7 +28,7 @@ loss, backward and the optimizer step. With `--trl` (and trl importable) a third
 GRPOTrainer on the same sequences in micro-batches of the same size: its compute_loss (the `grpo`
 loss, clip 0.2/0.28, no KL) under its accelerator's autocast, backward, gradient clipping and its
 AdamW step, TRL's generation replaced by the fixed batch. Steps rotate between the sides after a
-warm-up of each.
+warm-up of each. `--no-bare` runs hubgym's side alone (where a second model's state would not fit).
 
 MFU counts model FLOPs per trained token as 6 x (parameters in matmuls: all but the input embedding,
 the tied head counted once) + 12 x layers x hidden x sequence length (attention scores and values,
@@ -153,6 +153,9 @@ def parse_args(argv: list[str] | None = None, here: bool = True) -> argparse.Nam
     parser.add_argument("--output-layer", choices=["fused", "chunked", "liger"], default="fused",
                         help="hubgym's loss.output_layer")
     parser.add_argument("--trl", action="store_true", help="add TRL's GRPOTrainer step as a third side")
+    parser.add_argument("--no-bare", action="store_true",
+                        help="hubgym's side alone (no bare loop's weights, AdamW state and whole logits beside it: "
+                             "what fits one card when the two would not)")
     parser.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak of this accelerator")
     parser.add_argument("--profile", action="store_true",
                         help="one more step per side under torch.profiler: the GPU's busy share and kernel count")
@@ -211,7 +214,7 @@ def run_child(args: argparse.Namespace, preset: str, budget: int) -> dict:
                "--device", args.device, "--zero-stage", args.zero_stage, "--budget", budget,
                "--output-layer", args.output_layer]
     options += ["--peak-tflops", args.peak_tflops] if args.peak_tflops else []
-    flags = ("gradient_checkpointing", "compile", "trl", "profile", "profile_ops", "no_entropy")
+    flags = ("gradient_checkpointing", "compile", "trl", "no_bare", "profile", "profile_ops", "no_entropy")
     options += [f"--{flag.replace('_', '-')}" for flag in flags if getattr(args, flag)]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
@@ -244,19 +247,20 @@ def measure(args: argparse.Namespace, preset: str, budget: int) -> dict:
         settings = DeepSpeedSettings(lr=1e-5, gradient_checkpointing=args.gradient_checkpointing,
                                      zero_stage=args.zero_stage, compile=args.compile)
         policy = Policy(model_dir, settings)
-        bare_config = deepspeed_config(settings)
-        model = load_model(model_dir, bare_config)
-        if args.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        bare, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
-                                        config=bare_config)
         groups = GroupSettings(n=args.n, zero_variance="keep")
         [batches] = pack_step(list(GroupStream([rows], groups)), budget)
-        batches = [b.to(bare.device) for b in batches]
         loss_fn = make_loss_fn(LossSettings(variant="grpo", output_layer=args.output_layer),
                                with_entropy=not args.no_entropy)
-        sides = {"bare": lambda: bare_step(bare, batches),
-                 "hubgym": lambda: hubgym_step(policy, Path(tmp) / "run", groups, loss_fn, budget)}
+        sides = {"hubgym": lambda: hubgym_step(policy, Path(tmp) / "run", groups, loss_fn, budget)}
+        if not args.no_bare:
+            bare_config = deepspeed_config(settings)
+            model = load_model(model_dir, bare_config)
+            if args.gradient_checkpointing:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            bare, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-5),
+                                            config=bare_config)
+            moved = [b.to(bare.device) for b in batches]
+            sides = {"bare": lambda: bare_step(bare, moved), **sides}
         if args.trl:
             trl = trl_side(args, model_dir, rows, budget, Path(tmp) / "trl")
             if trl is not None:
@@ -292,7 +296,8 @@ def setup(args: argparse.Namespace) -> str:
     """How a row was trained, in a few words: ZeRO stage and the options that change a step."""
     options = [f"ZeRO-{args.zero_stage}"] + [name for name, on in (
         ("checkpointing", args.gradient_checkpointing), ("compile", args.compile),
-        (f"output layer {args.output_layer}", args.output_layer != "fused"), ("no entropy", args.no_entropy)) if on]
+        (f"output layer {args.output_layer}", args.output_layer != "fused"), ("no entropy", args.no_entropy),
+        ("hubgym alone", args.no_bare)) if on]
     return ", ".join(options)
 
 
@@ -426,12 +431,12 @@ def results_table(results: list[dict]):
         if "sides" not in r:
             table.add_row(r["preset"], f"{r['budget']:,}", r.get("setup", ""), "failed", f"exit status {r['failed']}")
             continue
-        bare = r["sides"]["bare"]["tokens_s"]
+        bare = r["sides"]["bare"]["tokens_s"] if "bare" in r["sides"] else None
         for side, m in r["sides"].items():
             table.add_row(f"{r['preset']} ({r['params'] / 1e6:.1f}M)", f"{r['budget']:,}", r.get("setup", ""), side,
                           f"{m['tokens']:,}",
                           f"{m['step_s']:.3f}", f"{m['tokens_s']:,.0f}", f"{m['tflops']:.2f}",
-                          f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a", f"{m['tokens_s'] / bare:.3f}",
+                          f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a", f"{m['tokens_s'] / bare:.3f}" if bare else "n/a",
                           f"{m['peak_memory_gib']:.2f}",
                           *([f"{m['gpu_busy']:.0%}" if "gpu_busy" in m else "-"] if cuda else []),
                           *([f"{m['kernels']:,}" if "kernels" in m else "-"] if profiled else []))

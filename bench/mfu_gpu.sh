@@ -20,7 +20,8 @@ part() {  # part NAME ARGS...: one bench_mfu run, its table kept even when it fa
 part step --preset smollm2-135m --preset qwen2-0.5b --budget 4096 --budget 16384 --steps 3 --profile
 # TRL's GRPOTrainer step as a third side (a third model's weights and AdamW state: 4k-token micro-batches)
 part trl --preset smollm2-135m --preset qwen2-0.5b --budget 4096 --steps 3 --trl
-# a 1.5B model of Qwen2.5's shape at 16k-token micro-batches under ZeRO-3 with gradient checkpointing
-part qwen25 --preset qwen2.5-1.5b --budget 16384 --zero-stage 3 --gradient-checkpointing --steps 2
+# a 1.5B model of Qwen2.5's shape at 16k-token micro-batches under ZeRO-3 with gradient checkpointing: hubgym
+# alone (a bare loop's second copy of the weights and AdamW state, and its whole logits, would not fit beside it)
+part qwen25 --preset qwen2.5-1.5b --budget 16384 --zero-stage 3 --gradient-checkpointing --steps 2 --no-bare
 # optim.compile on the hubgym side, at the 4k budget where the host's kernel launches set the pace
 part compile --preset qwen2-0.5b --budget 4096 --steps 3 --compile
