@@ -436,7 +436,8 @@ def results_table(results: list[dict]):
             table.add_row(f"{r['preset']} ({r['params'] / 1e6:.1f}M)", f"{r['budget']:,}", r.get("setup", ""), side,
                           f"{m['tokens']:,}",
                           f"{m['step_s']:.3f}", f"{m['tokens_s']:,.0f}", f"{m['tflops']:.2f}",
-                          f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a", f"{m['tokens_s'] / bare:.3f}" if bare else "n/a",
+                          f"{m['mfu']:.1%}" if m["mfu"] is not None else "n/a",
+                          f"{m['tokens_s'] / bare:.3f}" if bare else "n/a",
                           f"{m['peak_memory_gib']:.2f}",
                           *([f"{m['gpu_busy']:.0%}" if "gpu_busy" in m else "-"] if cuda else []),
                           *([f"{m['kernels']:,}" if "kernels" in m else "-"] if profiled else []))

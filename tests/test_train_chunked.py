@@ -200,6 +200,7 @@ def test_liger_is_refused_when_missing_with_the_fix(monkeypatch):
     from hubgym.train.config import ConfigError, load_config
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "liger_kernel" else real(name, *a))
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "liger_kernel" else real(name, *args))
     with pytest.raises(ConfigError, match=r"loss.output_layer=liger needs Liger-Kernel: pip install 'hubgym\[gpu\]'"):
         load_config(None, ["loss.output_layer=liger"])
