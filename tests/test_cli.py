@@ -137,9 +137,9 @@ def test_check_reports_a_builder_that_does_not_import(tmp_path):
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("AddNumbers", "is not a lowercase identifier"),
-    ("2fast", "is not a lowercase identifier"),
-    ("add-numbers", "is not a lowercase identifier"),
+    ("2fast", "breaks the rule for env names: 1-64 ASCII letters, digits and '_', starting with a letter"),
+    ("add-numbers", "breaks the rule for env names: 1-64 ASCII letters, digits and '_', starting with a letter"),
+    ("add_numbers-v2", "ends in -v<N>, which is the version's place"),
     ("lambda", "is a Python keyword"),
     ("arithmetic", "is taken by a built-in environment"),
     ("json", "would shadow the Python module 'json'"),

@@ -76,9 +76,9 @@ def test_unknown_config_fails_the_declaration_check():
 def test_max_rows_caps_the_scored_sample(tmp_path):
     ctx = Context(str(ENVS / "baseline"), None, 3, tmp_path)
     labels = [(s.split, s.label) for s in ctx.samples]
-    # 3 rows of each split x (empty reply, generic reply), then the 2 golden cases
+    # 3 rows of each split x (empty reply, generic reply, padded reply), then the 2 golden cases
     assert labels.count(("train", "the empty reply")) == 3 and labels.count(("test", "a generic reply")) == 3
-    assert len(labels) == 2 * 3 * 2 + 2 and labels[-1] == (None, "golden case 'another word'")
+    assert len(labels) == 2 * 3 * 3 + 2 and labels[-1] == (None, "golden case 'another word'")
 
 
 def test_a_failed_prerequisite_skips_what_needs_it(tmp_path):
@@ -206,8 +206,8 @@ def test_a_tool_without_description_fails_the_schema_check(monkeypatch):
     results = {r.check: r for r in check_env(str(ENVS / "unknown_tool"))}
     assert results["check_tool_schemas"].message == (
         "check_tool_schemas: the schema of tool 'no_such_tool' has an empty description (the model reads it to decide "
-        "when to call the tool) [env='unknown_tool' field='TOOLS']. Fix: define tools with @hubgym.tool on a typed "
-        "function with a docstring (or a ToolSet method)")
+        "when to call the tool) [env='unknown_tool' field='test_conformance.py:shout']. Fix: define tools with "
+        "@hubgym.tool on a typed function with a docstring (or a ToolSet method)")  # the file and function at fault
 
 
 @pytest.mark.parametrize("schema, problem", [

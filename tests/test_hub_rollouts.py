@@ -289,7 +289,8 @@ def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, e
     rows = list(iter_rollouts(out))
     assert {(r["provenance"]["env_repo"], r["provenance"]["env_revision"]) for r in rows} == {
         ("org/arith", pushed.revision)}
-    assert {r["provenance"]["verifier_sha256"] for r in rows} == {sha}
+    assert {r["provenance"]["verifier_sha256"] for r in rows} == {pushed.manifest["verifier"]["sha256"]}
+    assert {r["provenance"]["env_code_sha256"] for r in rows} == {sha}  # the pin: what score and replay need
     result = push_rollouts(out, "org/rollouts", hub=hub_spec)
     card = (get_hub(hub_spec).resolve("org/rollouts").path / "README.md").read_text()
     assert f"`org/arith@{pushed.revision}`" in card and result.rows == 8

@@ -29,7 +29,7 @@ from hubgym.envs import resolve_env
 from hubgym.errors import EnvContractError, HubgymError, ManifestError, ShardError, SkippedShardsWarning
 from hubgym.hub import LocalHub
 from hubgym.envs import load_env, push_env
-from hubgym.hub.load import METADATA_FILES
+from hubgym.hub.manifest import METADATA_FILES
 from hubgym.hub.manifest import MANIFEST_FILE, config_files, read_manifest
 from hubgym.hub.rollouts import iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.trust import load_hub_verifier

@@ -12,8 +12,24 @@ import torch
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.groups import Group, mask_stale
-from hubgym.train.loss import LossSettings, loss_fn, make_loss_fn, token_aligned, token_logprobs
-from hubgym.train.metrics import merge_metrics
+from hubgym.train.loss import LossSettings, token_aligned, token_logprobs
+from hubgym.train.loss import loss_fn as device_loss_fn, make_loss_fn as device_make_loss_fn
+from hubgym.train.metrics import merge_metrics, read_metrics
+
+
+def loss_fn(*args, **kwargs):
+    """The loss with its metrics read as numbers, as Policy.train_step reads them after the step."""
+    loss, metrics = device_loss_fn(*args, **kwargs)
+    return loss, read_metrics([metrics])[0]
+
+
+def make_loss_fn(*args, **kwargs):
+    model_loss = device_make_loss_fn(*args, **kwargs)
+
+    def read(model, batch):
+        loss, metrics = model_loss(model, batch)
+        return loss, read_metrics([metrics])[0]
+    return read
 from hubgym.train.packing import empty_batch, pack_step
 
 
@@ -212,14 +228,15 @@ def test_settings_are_validated():
 # -- micro-batches and ranks add up to the whole batch ------------------------------------------
 
 class ToyLM(torch.nn.Module):
-    """A stand-in causal LM: logits from an embedding of each token, so every row is independent."""
+    """A stand-in causal LM: logits from an embedding of each token, so every token is independent (a packed row
+    means nothing to it: its position ids are ignored)."""
 
     def __init__(self, vocab: int = 16):
         super().__init__()
         self.emb = torch.nn.Embedding(vocab, vocab)
         torch.nn.init.normal_(self.emb.weight, std=1.0, generator=torch.Generator().manual_seed(0))
 
-    def forward(self, input_ids, attention_mask=None, use_cache=False):
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=False):
         return SimpleNamespace(logits=self.emb(input_ids))
 
 
@@ -362,12 +379,18 @@ def test_packing_and_loss_on_the_tiny_causal_lm(tiny_model):
     assert split == pytest.approx(whole, rel=1e-5) and whole != 0.0
     assert torch.allclose(split_grad, whole_grad, atol=1e-6)
     [[mb]] = pack_step(groups, 10_000)
+    assert mb.position_ids is not None  # several sequences to a row
     with torch.no_grad():
         logp, _ = token_logprobs(model, mb)
-        full = torch.log_softmax(model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1], -1)
-    expected = full.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1)
     on = mb.loss_mask[:, 1:] > 0
-    assert torch.allclose(logp[on], expected[on], atol=1e-5) and torch.all(logp[~on] == 0.0)
+    assert torch.all(logp[~on] == 0.0)
+    for i in range(len(mb.rollout_ids)):  # each sequence alone through the model: the same logprobs
+        row, cols = mb.span(i)
+        ids = mb.input_ids[row:row + 1, cols]
+        with torch.no_grad():
+            alone = torch.log_softmax(model(input_ids=ids).logits[0, :-1], -1).gather(-1, ids[0, 1:, None])[:, 0]
+        trains = on[row, cols.start:cols.stop - 1]
+        assert torch.allclose(logp[row, cols.start:cols.stop - 1][trains], alone[trains], atol=1e-5)
 
 
 # -- a step's policy metrics: token-weighted over micro-batches and ranks -------------------------

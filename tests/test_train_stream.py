@@ -265,7 +265,8 @@ def test_truncated_rows_masked_zeroed_or_kept():
     masked = next(iter(GroupStream([rows], GroupSettings(n=2, truncated="mask"))))
     assert masked.loss_masked == [True, False] and masked.advantages == pytest.approx([1.0, -1.0], rel=1e-5)
     [mb] = pack_step([masked], max_tokens=1000)[0]
-    assert mb.loss_mask[mb.rollout_ids.index("e-0-0")].sum() == 0
+    at, cols = mb.span(mb.rollout_ids.index("e-0-0"))
+    assert mb.loss_mask[at, cols].sum() == 0
     assert mb.num_sequences == 1 and mb.num_tokens == 4  # the masked row does not count
     zeroed = next(iter(GroupStream([rows], GroupSettings(n=2, truncated="zero"))))
     assert zeroed.advantages[0] == 0.0 and zeroed.loss_masked == [False, False]
@@ -282,7 +283,7 @@ def test_packing_respects_the_token_budget_and_splits_across_ranks():
     assert {mb.num_sequences for mb in single} == {12}
     assert {mb.num_tokens for mb in single} == {sum(3 + g for g in range(6)) * 2}
     widths = [mb.input_ids.shape[1] for mb in single]
-    assert widths == sorted(widths)  # sorted by length: rows of like length share a micro-batch
+    assert widths == sorted(widths, reverse=True)  # longest first: each micro-batch as wide as its longest row
 
     two = pack_step(groups, max_tokens=40, world_size=2)
     assert len(two[0]) == len(two[1]) == -(-len(single) // 2)  # the same, least number of passes on every rank
@@ -293,8 +294,10 @@ def test_packing_respects_the_token_budget_and_splits_across_ranks():
     assert abs(loads[0] - loads[1]) <= max(mb.input_ids.numel() for mb in single)  # balanced to one micro-batch
 
     first = single[0]
-    p, c = 3, first.attention_mask[0].sum().item() - 3
-    assert first.loss_mask[0, :p].sum() == 0 and first.loss_mask[0, p:p + c].sum() == c  # prompt masked
+    at, cols = first.span(0)
+    p, c = 3, cols.stop - cols.start - 3
+    mask = first.loss_mask[at, cols]
+    assert mask[:p].sum() == 0 and mask[p:p + c].sum() == c  # prompt masked
 
     four = pack_step(groups[:1], max_tokens=1000, world_size=4)  # fewer micro-batches than ranks
     assert [len(share) for share in four] == [1, 1, 1, 1]
@@ -311,9 +314,9 @@ def test_env_tokens_keep_mask_zero_after_packing():
     r0 = row("e", 0, 0, 1.0, completion_mask=[1, 0, 0, 1], completion_logprobs=[-1.0, 0.0, 0.0, -2.0])
     groups = list(GroupStream([[r0, row("e", 0, 1, 0.0)]], GroupSettings(n=2)))
     mb = next(mb for mb in pack_step(groups, 1000)[0] if "e-0-0" in mb.rollout_ids)
-    i = mb.rollout_ids.index("e-0-0")
-    assert mb.loss_mask[i, 3:7].tolist() == [1, 0, 0, 1]
-    assert mb.old_logprobs[i, 3:7].tolist() == [-1.0, 0.0, 0.0, -2.0]
+    at, cols = mb.span(mb.rollout_ids.index("e-0-0"))
+    assert mb.loss_mask[at, cols][3:7].tolist() == [1, 0, 0, 1]
+    assert mb.old_logprobs[at, cols][3:7].tolist() == [-1.0, 0.0, 0.0, -2.0]
     assert mb.num_tokens == 2 + 4
 
 

@@ -38,7 +38,8 @@ def test_exception_is_recorded_not_scored(tmp_path):
     """)
     score = v.score(TASK, [assistant("7")])
     assert score.reward is None
-    assert score.error == {"boundary": "verifier", "type": "KeyError", "message": "'answer_missing'"}
+    assert score.error["message"] == "'answer_missing' (at verifier.py:3 in boom)"  # the line to read
+    assert (score.error["boundary"], score.error["type"]) == ("verifier", "KeyError")
 
 
 @pytest.mark.parametrize("value", ["'1.0'", "float('nan')", "True", "None"])

@@ -2,7 +2,7 @@
 order of a set (or anything else that `hash()` of a string decides) differ between the two processes.
 
     built = build_elsewhere("arithmetic", ["easy"], out_dir)   # {config: {split: Dataset}}
-    python -m hubgym.conformance.rebuild REQUEST.json          # the second process (what build_elsewhere runs)
+    python -m hubgym.conformance.rebuild                       # the second process (build_elsewhere's, kept up)
 
 Python draws a new hash seed per process unless PYTHONHASHSEED is set, so two builds in one process always
 agree with each other; only a second process can tell. The builder must be importable there: a name, a
@@ -11,10 +11,12 @@ folder, or a class reachable as `module:qualname` (`importable_ref`).
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +54,68 @@ def importable_ref(ref: object, cls: type) -> str | None:
 
 def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str) -> dict[str, dict[str, Any]]:
     """Build `configs` of `ref` in a second process with PYTHONHASHSEED=`hash_seed`, under the first check clock;
-    {config: {split: Dataset}}. A failure there is a RuntimeError holding the last line it printed."""
+    {config: {split: Dataset}}. A failure there is a RuntimeError holding its last line. The process stays up for
+    the next env (one per hash seed and parent process: checking many envs pays its start once)."""
     import datasets
 
     out.mkdir(parents=True, exist_ok=True)
-    request = out / "request.json"
-    request.write_text(json.dumps({"ref": ref, "configs": configs, "out": str(out), "sys_path": sys.path}))
-    env = {**os.environ, "PYTHONHASHSEED": hash_seed, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
-    done = subprocess.run([sys.executable, "-m", ENTRY, str(request)], env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
-        raise RuntimeError(lines[-1] if lines else f"exit code {done.returncode}")
+    request = {"ref": ref, "configs": configs, "out": str(out), "sys_path": sys.path}
+    _worker(hash_seed).build(request)
     return {config: dict(datasets.load_from_disk(str(out / config))) for config in configs}
+
+
+REPLY = "HUBGYM-REBUILD-REPLY "
+"""How the second process marks its answers on stdout (a builder may print lines of its own there)."""
+
+
+class _Worker:
+    """A second Python process that builds envs on request: JSON lines in, marked JSON lines out."""
+
+    def __init__(self, hash_seed: str):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+        self.log = tempfile.TemporaryFile(mode="w+")  # its stderr: read only when it dies
+        self.process = subprocess.Popen([sys.executable, "-m", ENTRY], env=env, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=self.log, text=True, bufsize=1)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def build(self, request: dict[str, Any]) -> None:
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        for line in self.process.stdout:
+            if line.startswith(REPLY):
+                reply = json.loads(line[len(REPLY):])
+                if reply["error"]:
+                    raise RuntimeError(reply["error"])
+                return
+        self.log.seek(0)
+        lines = [line for line in self.log.read().splitlines() if line.strip()]
+        raise RuntimeError(lines[-1] if lines else f"the second process ended (exit code {self.process.wait()})")
+
+    def close(self) -> None:
+        if self.alive():
+            self.process.stdin.close()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+
+
+_WORKERS: dict[str, _Worker] = {}
+
+
+def _worker(hash_seed: str) -> _Worker:
+    worker = _WORKERS.get(hash_seed)
+    if worker is None or not worker.alive():
+        worker = _WORKERS[hash_seed] = _Worker(hash_seed)
+    return worker
+
+
+@atexit.register
+def _close_workers() -> None:
+    for worker in _WORKERS.values():
+        worker.close()
 
 
 def _load(ref: str) -> type:
@@ -78,17 +130,24 @@ def _load(ref: str) -> type:
     return resolve_env(ref)
 
 
-def main(request_file: str) -> None:
-    """The second process: build each config and save it where the first process reads it."""
+def serve() -> None:
+    """The second process: for each request line, build each config and save it where the first process reads
+    it, then answer one marked line (the error's last line, or none)."""
     from hubgym.envs.build import build_tasks
 
-    request = json.loads(Path(request_file).read_text())
-    sys.path[:] = request["sys_path"]  # the first process's, so a test module's class imports here too
-    cls, out = _load(request["ref"]), Path(request["out"])
-    with at_clock(CHECK_CLOCKS[0]):
-        for config in request["configs"]:
-            build_tasks(cls, config, cache_dir=out / f".cache-{config}").save_to_disk(str(out / config))
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            sys.path[:] = request["sys_path"]  # the first process's, so a test module's class imports here too
+            cls, out = _load(request["ref"]), Path(request["out"])
+            with at_clock(CHECK_CLOCKS[0]):
+                for config in request["configs"]:
+                    build_tasks(cls, config, cache_dir=out / f".cache-{config}").save_to_disk(str(out / config))
+            error = None
+        except Exception as exc:  # noqa: BLE001 - reported to the first process, which names the env and the fix
+            error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
+        print(REPLY + json.dumps({"error": error}), flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    serve()

@@ -139,6 +139,21 @@ class Loss(Section):
                           "it would cap the on-policy tokens too")
     max_staleness: int | None = Field(None, ge=0, description="mask online rows sampled more than this many "
                                       "policy versions ago (stored rows are never masked)")
+    output_layer: Literal["fused", "chunked", "liger"] = Field(
+        "fused", description="how the loss applies the output layer, never holding the (tokens x vocabulary) "
+        "logits: fused (chunks whose gradients are made in the forward), chunked (chunks recomputed in backward) "
+        "or liger (Liger-Kernel's fused linear cross-entropy: pip install 'hubgym[gpu]')")
+
+    @field_validator("output_layer")
+    @classmethod
+    def _liger_installed(cls, value: str) -> str:
+        """Known when the config loads, not at the first step."""
+        import importlib.util
+
+        if value == "liger" and importlib.util.find_spec("liger_kernel") is None:
+            raise ValueError("loss.output_layer=liger needs Liger-Kernel: pip install 'hubgym[gpu]' (or "
+                             "liger-kernel), or use the default loss.output_layer=fused")
+        return value
 
 
 class Batch(Section):
@@ -164,6 +179,10 @@ class Optim(Section):
                                                    "'auto': on GPUs that support bf16, fp32 on CPUs (true also "
                                                    "trains on a CPU, slower there than fp32)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in backward")
+    compile: bool = Field(False, description="run the model's decoder under torch.compile (dynamic shapes): "
+                          "fewer, fused kernels where a GPU's step is bound by launching them. Off by default: "
+                          "the first steps pay the compilation (about a minute on 2 CPU cores, more than a short "
+                          "run saves: bench/RESULTS.md)")
 
     @field_validator("bf16", mode="before")
     @classmethod

@@ -19,6 +19,11 @@ How a bad step is skipped. A non-finite loss is turned into NaN gradients on pur
 ZeRO optimizers check the global gradient norm before the update and, when it is not finite
 (a NaN loss, or an inf/NaN gradient from a finite loss), drop the gradients and leave weights and
 AdamW moments untouched. `engine.was_step_applied()` tells which happened, on every rank alike.
+
+How the step waits for the device. The losses, their finite checks and the loss's metrics stay on the
+device as tensors for the whole step (a non-finite loss is turned into NaN by a multiplication decided
+there) and are read in one copy after the optimizer step: the host queues every micro-batch's work
+without waiting for the GPU to finish the previous one.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from hubgym.files import replace_dir
 from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.lora import LoraSettings, is_lora, merged_weights, wrap_lora
-from hubgym.train.metrics import merge_metrics
+from hubgym.train.metrics import merge_metrics, read_metrics, read_numbers
 from hubgym.train.schedule import SCHEDULES, Schedule, make_scheduler
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -63,6 +68,7 @@ class DeepSpeedSettings:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
     gradient_checkpointing: bool = False  # recompute activations in backward: memory for time
+    compile: bool = False  # the decoder under torch.compile (compile_decoder)
     micro_batches: int = 0  # micro-batches per rank per step (gradient accumulation); 0 = any (token packing)
     seed: int = 0  # torch seed before the model is built
 
@@ -150,6 +156,16 @@ def deepspeed_config(settings: DeepSpeedSettings) -> dict[str, Any]:
     }
 
 
+def attention_implementation(config: dict[str, Any]) -> str | None:
+    """flash-attention 2 where it is installed and the step runs in bf16 on a GPU: its varlen kernel keeps a
+    packed row's sequences apart without a mask (pack_step's position ids). Otherwise transformers' default
+    (SDPA: a block-diagonal causal mask for a packed row, none for a row of one sequence)."""
+    import importlib.util
+
+    usable = torch.cuda.is_available() and config["bf16"]["enabled"] and importlib.util.find_spec("flash_attn")
+    return "flash_attention_2" if usable else None
+
+
 def load_model(model_dir: str | Path, config: dict[str, Any]) -> torch.nn.Module:
     """The causal LM of a Hugging Face folder in float32, partitioned when `config` is ZeRO-3.
 
@@ -163,10 +179,21 @@ def load_model(model_dir: str | Path, config: dict[str, Any]) -> torch.nn.Module
 
     hf_zero3 = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
     try:
-        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                    attn_implementation=attention_implementation(config))
     finally:
         if hf_zero3 is not None:
             unset_hf_deepspeed_config()
+
+
+def compile_decoder(model: torch.nn.Module) -> None:
+    """torch.compile the decoder in place (the part before the output layer, which the loss applies in chunks of
+    its own), with dynamic shapes: micro-batches change their rows and width from step to step, and a compile per
+    shape would never end. A model without the decoder/head split is compiled whole."""
+    from hubgym.train.chunked import output_head
+
+    head = output_head(model)
+    (head.causal_lm.get_decoder() if head is not None else model).compile(dynamic=True)
 
 
 class Policy:
@@ -186,6 +213,8 @@ class Policy:
             model.config.use_cache = False
         if settings.lora.r:
             model = wrap_lora(model, settings.lora)  # base frozen: ZeRO shards only the adapters' state
+        if settings.compile:
+            compile_decoder(model)
         trainable = [p for p in model.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, betas=settings.betas,
                                       weight_decay=settings.weight_decay)  # a torch optimizer: no Adam op to compile
@@ -217,47 +246,51 @@ class Policy:
         started = time.perf_counter()
         self.engine.train()
         lr = self.engine.optimizer.param_groups[0]["lr"]  # this update's (the scheduler moves it in step())
-        loss_sum, tokens, bad = 0.0, 0, 0
-        per_batch: list[dict[str, float]] = []
-        for i, batch in enumerate(micro_batches):
-            batch = batch.to(self.device)
+        tokens = sum(batch.tokens for batch in micro_batches)  # counted on the host's copies
+        # Every micro-batch's copy is queued at once (from pinned memory on a GPU), its loss index found first.
+        moved = [(batch if batch.loss_rows is not None else batch.with_loss_index()).to(self.device)
+                 for batch in micro_batches]
+        losses, bad = [], []
+        per_batch: list[dict[str, torch.Tensor]] = []
+        for i, batch in enumerate(moved):
             loss, metrics = loss_fn(self.engine, batch)
-            if not torch.isfinite(loss.detach()).all():
-                bad += 1
-                loss = loss * float("nan")  # NaN in every gradient it reaches: DeepSpeed skips the update
+            finite = torch.isfinite(loss.detach())
+            # A non-finite loss becomes NaN in every gradient it reaches (DeepSpeed then skips the update); a
+            # finite one is multiplied by exactly 1. Decided on the device: the host does not wait for it here.
+            loss = loss * torch.where(finite, 1.0, float("nan"))
             self.engine.set_gradient_accumulation_boundary(i == len(micro_batches) - 1)
             self.engine.backward(loss * self.world_size, scale_wrt_gas=False)  # undo the mean over ranks
-            loss_sum += float(loss.detach())
-            tokens += batch.tokens
-            per_batch.append({key: float(value) for key, value in metrics.items()})
+            losses.append(loss.detach())
+            bad.append(~finite)
+            per_batch.append(metrics)
         self.engine.step()
-        loss_sum, tokens, bad = self._sum_over_ranks(loss_sum, tokens, bad)
+        # The step's one read from the device: every loss, finite check and metric at once, after the update.
+        numbers = read_numbers([torch.stack(losses).sum(), torch.stack(bad).sum()])
+        loss_sum, tokens, bad_count = self._sum_over_ranks(numbers[0], tokens, numbers[1])
         applied = self.engine.was_step_applied()
-        if bad and applied:  # cannot happen with DeepSpeed's ZeRO optimizers; if it did, the weights hold NaN
+        if bad_count and applied:  # cannot happen with DeepSpeed's ZeRO optimizers; if it did, the weights hold NaN
             raise RuntimeError("a non-finite loss reached the weights: DeepSpeed did not skip the update")
-        reason = None if applied else (SKIP_LOSS if bad else SKIP_GRAD)
+        reason = None if applied else (SKIP_LOSS if bad_count else SKIP_GRAD)
         norm = self.engine.get_global_grad_norm()
         return StepStats(loss=loss_sum, grad_norm=float(norm) if applied and norm is not None else None,
                          lr=lr, tokens=int(tokens),
                          micro_batches=len(micro_batches), skipped=not applied, skip_reason=reason,
                          seconds=time.perf_counter() - started,
-                         metrics=merge_metrics(per_batch, self._reduce_over_ranks))
+                         metrics=merge_metrics(read_metrics(per_batch), self._reduce_over_ranks))
 
     @torch.no_grad()
     def logprobs(self, batch: MicroBatch) -> torch.Tensor:
-        """Logprob of each next token under the current weights, (B, T-1), 0 on padding; no gradient.
+        """Logprob of each next token under the current weights, (B, T-1), 0 on padding and where the next token
+        starts another sequence of a packed row; no gradient.
 
         For reference or proximal logprobs. Under ZeRO-3 the forward gathers weights collectively:
         every rank must call it the same number of times.
         """
+        from hubgym.train.loss import token_logprobs
+
         self.engine.eval()
         batch = batch.to(self.device)
-        logits = self.engine(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                             use_cache=False).logits[:, :-1]  # (B, T-1, V): logits at t predict token t+1
-        targets = batch.input_ids[:, 1:]
-        rows = [row.float().gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(row.float(), -1)
-                for row, t in zip(logits, targets)]  # one (T-1, V) float32 copy at a time, not (B, T-1, V)
-        return torch.stack(rows) * batch.attention_mask[:, 1:]
+        return token_logprobs(self.engine, batch, positions=batch.next_token_positions())[0]  # chunked, no (B,T,V)
 
     def full_state_dict(self, dtype: torch.dtype | None = torch.float32) -> dict[str, torch.Tensor]:
         """Full weights with Hugging Face names on rank 0 ({} on other ranks), as `dtype`; call it on every rank.

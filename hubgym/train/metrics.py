@@ -83,6 +83,30 @@ class MetricsLog:
         return plot_curves(self.history, self.path.with_name("metrics.png")) if plot and self.history else None
 
 
+def read_numbers(values: list[Any]) -> list[float]:
+    """Numbers and 0-dim tensors as floats, the tensors read from their device in one copy: a step that
+    kept its losses, checks and metrics on the GPU waits for it once, not once per value."""
+    import torch
+
+    tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
+    numbers = [float(v) if not isinstance(v, torch.Tensor) else 0.0 for v in values]
+    if tensors:
+        read = torch.stack([t.detach().reshape(()).to(torch.float64) for _, t in tensors]).tolist()
+        for (i, _), value in zip(tensors, read):
+            numbers[i] = value
+    return numbers
+
+
+def read_metrics(per_batch: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """The micro-batches' metrics (the loss's 0-dim device tensors) as floats, in one read."""
+    values = read_numbers([v for m in per_batch for v in m.values()])
+    out, at = [], 0
+    for metrics in per_batch:
+        out.append(dict(zip(metrics, values[at:at + len(metrics)])))
+        at += len(metrics)
+    return out
+
+
 def merge_metrics(per_batch: list[dict[str, float]], reduce=None) -> dict[str, float]:
     """One step's metrics from those of its micro-batches: `*tokens`, `*_count`, `*sequences` add up, `*_max` is
     the largest over micro-batches with a token, and any other value is a mean weighted by its group's `g/tokens`

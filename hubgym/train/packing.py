@@ -4,12 +4,18 @@
     shares = pack_step(groups, max_tokens=4096, world_size=2)
     shares[rank]                                          # this rank's micro-batches (same count on every rank)
 
-Sequences are sorted by length so that each micro-batch pads little, then cut greedily so that
-rows x padded length stays within `max_tokens` (padding included). Micro-batches are dealt to
-ranks longest-first to the least-loaded rank (ties: the lower rank) among those still under
-ceil(M / world_size), so the split is deterministic, balanced in padded tokens, and costs no extra
-pass; a rank with fewer micro-batches gets empty ones (no loss token), because every rank must
-run the same number of forward/backward passes.
+Padding-free where it can be: a micro-batch is rows as wide as its longest sequence, and a row holds
+as many sequences back to back as fit (position ids restart with each; the model keeps attention
+within each). Sequences are placed longest first, each into the first row with room (first-fit
+decreasing), else into a new row of a micro-batch still under `max_tokens` (rows x width, padding
+included), else into a new micro-batch as wide as itself. So the short rollouts of a step fill the
+room the long ones leave, and a micro-batch computes no more attention than one sequence per
+padded row would (each row's width is never above its longest sequence's).
+
+Micro-batches are dealt to ranks longest-first to the least-loaded rank (ties: the lower rank) among
+those still under ceil(M / world_size), so the split is deterministic, balanced in padded tokens,
+and costs no extra pass; a rank with fewer micro-batches gets empty ones (no loss token), because
+every rank must run the same number of forward/backward passes.
 
 Every micro-batch carries the counts of the whole step (all ranks): `num_sequences` (sequences
 with at least one loss token) and `num_tokens` (loss tokens), each sequence counted by its group's
@@ -18,6 +24,7 @@ weight (1, or the zero-variance weight). The losses divide by them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -57,23 +64,46 @@ def pack_step(groups: list[Group], max_tokens: int, world_size: int = 1, pad_id:
                 f"rollout {row.get('rollout_id')!r} of env {env!r} has {sequence_length(row)} tokens (prompt + "
                 f"completion), more than the micro-batch budget batch.micro_batch_tokens={max_tokens}; raise the "
                 f"budget to at least the longest sequence (prompt length + max generated tokens)")
-    items.sort(key=lambda item: sequence_length(item[0]))  # stable: equal lengths keep group order
-    chunks: list[list[Item]] = []
-    for item in items:
-        # sorted: this row is the longest so far, so the padded size of the chunk is rows x its length
-        if chunks and (len(chunks[-1]) + 1) * sequence_length(item[0]) <= max_tokens:
-            chunks[-1].append(item)
-        else:
-            chunks.append([item])
     trainable = [(loss_tokens(row, masked), weight) for row, _, weight, masked, _ in items]
     num_sequences = sum(weight for tokens, weight in trainable if tokens > 0)
     num_tokens = sum(weight * tokens for tokens, weight in trainable)
-    batches = [collate(chunk, num_sequences, num_tokens, pad_id) for chunk in chunks]
-    ranks = deal(batches, [len(c) * sequence_length(c[-1][0]) for c in chunks], world_size)
+    plans = plan_rows([sequence_length(item[0]) for item in items], max_tokens)
+    batches = [collate([[items[i] for i in row] for row in plan.rows], plan.width, num_sequences, num_tokens, pad_id)
+               for plan in plans]
+    ranks = deal(batches, [len(plan.rows) * plan.width for plan in plans], world_size)
     per_rank = max(1, max(map(len, ranks)))
     for share in ranks:
         share += [empty_batch(num_sequences, num_tokens, pad_id) for _ in range(per_rank - len(share))]
     return ranks
+
+
+@dataclass
+class Plan:
+    """One micro-batch's layout: rows of `width` tokens, each a list of sequence indices, back to back."""
+
+    width: int
+    rows: list[list[int]] = field(default_factory=list)
+    free: list[int] = field(default_factory=list)  # room left in each row
+
+
+def plan_rows(lengths: list[int], max_tokens: int) -> list[Plan]:
+    """First-fit decreasing (see above); equal lengths keep their order, so the layout is deterministic."""
+    plans: list[Plan] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        length = lengths[i]
+        row = next(((plan, r) for plan in plans for r, free in enumerate(plan.free) if free >= length), None)
+        if row is not None:
+            plan, r = row
+            plan.rows[r].append(i)
+            plan.free[r] -= length
+            continue
+        plan = next((p for p in plans if (len(p.rows) + 1) * p.width <= max_tokens), None)
+        if plan is None:
+            plan = Plan(width=length)  # sorted: the longest yet to place, so it sets the new micro-batch's width
+            plans.append(plan)
+        plan.rows.append([i])
+        plan.free.append(plan.width - length)
+    return plans
 
 
 def loss_tokens(row: dict[str, Any], masked: bool) -> int:
@@ -93,26 +123,45 @@ def deal(batches: list[MicroBatch], costs: list[int], world_size: int) -> list[l
     return [[batches[i] for i in sorted(mine)] for mine in owned]
 
 
-def collate(items: list[Item], num_sequences: float, num_tokens: float, pad_id: int = 0) -> MicroBatch:
-    """Right-padded rows, prompt then completion, straight from the stored token record."""
-    width = max(sequence_length(row) for row, *_ in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)  # (B, T)
-    attention = torch.zeros((len(items), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(items), width), dtype=torch.float32)
-    old = torch.zeros((len(items), width), dtype=torch.float32)
-    for i, (row, _, _, masked, _) in enumerate(items):
-        p, c = len(row["prompt_ids"]), len(row["completion_ids"])
-        ids[i, :p + c] = torch.tensor(row["prompt_ids"] + row["completion_ids"])
-        attention[i, :p + c] = 1
-        if not masked:
-            loss_mask[i, p:p + c] = torch.tensor(row["completion_mask"], dtype=torch.float32)
-        old[i, p:p + c] = torch.tensor(row["completion_logprobs"], dtype=torch.float32) * loss_mask[i, p:p + c]
+def collate(rows: list[list[Item]], width: int, num_sequences: float, num_tokens: float,
+            pad_id: int = 0) -> MicroBatch:
+    """Rows of `width` tokens, each its sequences back to back (prompt then completion, straight from the stored
+    token record), then padding. Per-sequence values are in placement order, row by row."""
+    shape = (len(rows), width)
+    ids = torch.full(shape, pad_id, dtype=torch.long)  # (B, T)
+    attention = torch.zeros(shape, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.float32)
+    old = torch.zeros(shape, dtype=torch.float32)
+    positions = torch.zeros(shape, dtype=torch.long)
+    sequence = torch.zeros(shape, dtype=torch.long)
+    placed = [item for row in rows for item in row]
+    index = 0
+    for r, row in enumerate(rows):
+        at = length = 0
+        for item_row, _, _, masked, _ in row:
+            p, c = len(item_row["prompt_ids"]), len(item_row["completion_ids"])
+            length = p + c
+            ids[r, at:at + length] = torch.tensor(item_row["prompt_ids"] + item_row["completion_ids"])
+            attention[r, at:at + length] = 1
+            if not masked:
+                loss_mask[r, at + p:at + length] = torch.tensor(item_row["completion_mask"], dtype=torch.float32)
+            loss_mask[r, at] = 0.0  # a sequence's first token has no logit of its own sequence before it
+            old[r, at + p:at + length] = (torch.tensor(item_row["completion_logprobs"], dtype=torch.float32)
+                                          * loss_mask[r, at + p:at + length])
+            positions[r, at:at + length] = torch.arange(length)
+            sequence[r, at:at + length] = index
+            at, index = at + length, index + 1
+        positions[r, at:] = torch.arange(length, length + width - at)  # padding continues the last sequence
+        sequence[r, at:] = index - 1
+    packed = any(len(row) > 1 for row in rows)
     return MicroBatch(
         input_ids=ids, attention_mask=attention, loss_mask=loss_mask, old_logprobs=old,
-        advantages=torch.tensor([adv for _, adv, *_ in items], dtype=torch.float32),
-        weights=torch.tensor([w for _, _, w, _, _ in items], dtype=torch.float32),
+        advantages=torch.tensor([adv for _, adv, *_ in placed], dtype=torch.float32),
+        weights=torch.tensor([w for _, _, w, _, _ in placed], dtype=torch.float32),
+        position_ids=positions if packed else None, sequence_index=sequence,
         num_sequences=num_sequences, num_tokens=num_tokens,
-        rollout_ids=[row.get("rollout_id", "") for row, *_ in items], envs=[env for *_, env in items])
+        rollout_ids=[row.get("rollout_id", "") for row, *_ in placed], envs=[env for *_, env in placed]
+    ).with_loss_index()
 
 
 def empty_batch(num_sequences: float, num_tokens: float, pad_id: int = 0) -> MicroBatch:
@@ -120,4 +169,5 @@ def empty_batch(num_sequences: float, num_tokens: float, pad_id: int = 0) -> Mic
     zero = torch.zeros((1, 2), dtype=torch.float32)
     return MicroBatch(input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
                       attention_mask=torch.ones((1, 2), dtype=torch.long), loss_mask=zero, old_logprobs=zero.clone(),
-                      advantages=torch.zeros(1), weights=torch.zeros(1), num_sequences=num_sequences, num_tokens=num_tokens)
+                      advantages=torch.zeros(1), weights=torch.zeros(1), num_sequences=num_sequences,
+                      num_tokens=num_tokens).with_loss_index()

@@ -421,7 +421,7 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
     """The loss as the config sets it (L of dr_grpo is the generation budget)."""
     c = cfg.loss
     return LossSettings(variant=c.variant, epsilon_low=c.epsilon_low, epsilon_high=c.epsilon_high, beta=c.beta,
-                        is_cap=c.is_cap, dr_grpo_length=cfg.sampling.max_tokens)
+                        is_cap=c.is_cap, dr_grpo_length=cfg.sampling.max_tokens, output_layer=c.output_layer)
 
 
 def group_settings(cfg: TrainConfig) -> GroupSettings:
@@ -440,6 +440,7 @@ def deepspeed_settings(cfg: TrainConfig):
     o, lora = cfg.optim, cfg.lora
     return DeepSpeedSettings(lr=o.lr, weight_decay=o.weight_decay, max_grad_norm=o.max_grad_norm,
                              zero_stage=o.zero_stage, bf16=o.bf16, gradient_checkpointing=o.gradient_checkpointing,
+                             compile=o.compile,
                              schedule=o.schedule, warmup_steps=o.warmup_steps, total_steps=cfg.total_steps,
                              min_lr_ratio=o.min_lr_ratio, seed=cfg.seed,
                              lora=LoraSettings(r=lora.r, alpha=lora.alpha, dropout=lora.dropout,
