@@ -48,7 +48,7 @@ def make_run(root: Path, shards: int, rows: int) -> Path:
     from hubgym.hub.rollout_reader import iter_rollouts
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
     from hubgym.rollout.instant_server import InstantServer
-    from hubgym.rollout.tiny_model import make_tiny_model
+    from hubgym.models.tiny import make_tiny_model
     from hubgym.rollout.writer import ShardWriter, worker_name
 
     model = make_tiny_model(root / "tiny-model")

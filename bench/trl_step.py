@@ -30,7 +30,7 @@ class TrlStep:
         import datasets
         from trl import GRPOConfig, GRPOTrainer
 
-        from hubgym.rollout.tiny_model import make_tiny_model
+        from hubgym.models.tiny import make_tiny_model
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(out / "tokenizer"))  # only for TRL's bookkeeping

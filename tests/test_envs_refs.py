@@ -48,7 +48,7 @@ NAMES = ["arithmetic", "count_vowels", "Count_Vowels2", "my-env", "my.env", "9li
 def test_every_caller_applies_the_one_name_rule(name, tmp_path):
     """The builder's ENV (hubgym check), `hubgym init NAME`, and a stored row's env all say yes or no together."""
     from hubgym.conformance import check_env
-    from hubgym.scaffold import validate_env_name
+    from hubgym.authoring.scaffold import validate_env_name
 
     valid = env_name_problem(name) is None
     assert valid == (name not in ("my-env", "my.env", "9lives", "_private", "x" * 65, "ok-v2"))
