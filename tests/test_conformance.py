@@ -223,3 +223,13 @@ def test_a_tool_without_description_fails_the_schema_check(monkeypatch):
 def test_schema_problems_are_named(schema, problem):
     found = schema_problem(schema)
     assert found == problem if problem is None else found.startswith(problem)
+
+
+def test_build_rows_caps_every_build_of_a_check(tmp_path):
+    """`hubgym check all` builds each split with at most --max-rows rows (its default 50): the first, second and
+    hash-seed builds alike, so the determinism checks compare like with like."""
+    ctx = Context("arithmetic", ["easy"], 3, tmp_path, build_rows=5)
+    assert {split: len(table) for split, table in ctx.build("easy").items()} == {"train": 5, "test": 5}
+    assert {split: len(table) for split, table in ctx.build("easy", 2).items()} == {"train": 5, "test": 5}
+    assert {split: len(table) for split, table in ctx.hash_seed_build("easy").items()} == {"train": 5, "test": 5}
+    assert [r.check for r in check_env("arithmetic", configs=["easy"], max_rows=3, build_rows=5) if r.failed] == []

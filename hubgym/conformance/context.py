@@ -59,8 +59,10 @@ _ORDINAL = {1: "first", 2: "second", 3: "third"}
 class Context:
     """What the checks of one run share; every resource is made once, on first use."""
 
-    def __init__(self, ref: str | type[TaskBuilder], configs: list[str] | None, max_rows: int, workdir: Path):
+    def __init__(self, ref: str | type[TaskBuilder], configs: list[str] | None, max_rows: int, workdir: Path,
+                 build_rows: int | None = None):
         self.ref, self.requested_configs, self.max_rows, self.workdir = ref, configs, max_rows, workdir
+        self.build_rows = build_rows  # each split built with at most this many rows (None: every row)
         self.check = ""  # the check now running (prerequisite failures are attributed to it)
         self._memo: dict[str, tuple[Any, ...]] = {}
         self._rows: dict[tuple[str, str, int], list[Task]] = {}
@@ -115,7 +117,7 @@ class Context:
                 self.build(config)  # no later build when the first failed (that failure is the cause)
             with at_clock(ATTEMPT_CLOCKS[attempt]):
                 return build_config(self.builder, config, self.workdir / f"{config}-{attempt}", self.where(config),
-                                    attempt)
+                                    attempt, self.build_rows)
 
         return self.resource(f"build:{attempt}:{config}", describe, make)
 
@@ -188,7 +190,8 @@ class Context:
             for name in self.configs:
                 self.build(name)  # no second process when a build fails here (that failure is the cause)
             try:
-                return build_elsewhere(ref, self.configs, self.workdir / "hash-seed", hash_seeds()[1])
+                return build_elsewhere(ref, self.configs, self.workdir / "hash-seed", hash_seeds()[1],
+                                       self.build_rows)
             except RuntimeError as exc:
                 raise EnvContractError(f"the configs build here, but not in a second process ({self.hash_seeds}): "
                                        f"{exc}", self.where(), "make generate_tasks independent of the hash seed: "
@@ -288,10 +291,12 @@ def load_golden_cases(cls: type[TaskBuilder], where: Where) -> list[GoldenCase]:
                                "set GOLDEN to a JSONL file next to the builder (see hubgym.verifiers.golden)") from exc
 
 
-def build_config(cls: type[TaskBuilder], config: str, cache_dir: Path, where: Where, attempt: int) -> dict[str, Any]:
-    """Build one config into a fresh cache folder; a failure names the split, row and field when it can."""
+def build_config(cls: type[TaskBuilder], config: str, cache_dir: Path, where: Where, attempt: int,
+                 max_rows: int | None = None) -> dict[str, Any]:
+    """Build one config into a fresh cache folder (each split at most `max_rows` rows); a failure names the split,
+    row and field when it can."""
     try:
-        return dict(build_tasks(cls, config, cache_dir=cache_dir))
+        return dict(build_tasks(cls, config, cache_dir=cache_dir, max_rows=max_rows))
     except Exception as exc:
         contract = _find_cause(exc, EnvContractError)
         if contract is not None:  # the builder's own row checks (duplicate id, missing column...) said why

@@ -51,7 +51,7 @@ class _Running:
 
 
 def check_many(names: list[str], *, jobs: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-               configs: list[str] | None = None, max_rows: int = 200,
+               configs: list[str] | None = None, max_rows: int = 200, build_rows: int | None = None,
                on_result: Callable[[CheckResult], None] | None = None,
                on_done: Callable[[str], None] | None = None) -> list[CheckResult]:
     """Check every env in `names`, at most `jobs` at a time; never raises for an env's failure, crash or hang.
@@ -65,7 +65,7 @@ def check_many(names: list[str], *, jobs: int | None = None, timeout: float = DE
         while waiting or running:
             while waiting and len(running) < jobs:
                 name = waiting.pop()
-                running[name] = _start(context, name, configs, max_rows, timeout)
+                running[name] = _start(context, name, configs, max_rows, timeout, build_rows)
             next_deadline = min(job.deadline for job in running.values())
             for reader in wait([job.reader for job in running.values()], max(0.0, next_deadline - time.monotonic())):
                 job = next(job for job in running.values() if job.reader is reader)
@@ -91,10 +91,11 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _start(context: Any, name: str, configs: list[str] | None, max_rows: int, timeout: float) -> _Running:
+def _start(context: Any, name: str, configs: list[str] | None, max_rows: int, timeout: float,
+           build_rows: int | None = None) -> _Running:
     reader, writer = context.Pipe(duplex=False)
     ref = os.path.abspath(name) if _is_path(name) else name  # the fork server's working folder may differ
-    process = context.Process(target=_check_in_child, args=(ref, configs, max_rows, writer), daemon=True,
+    process = context.Process(target=_check_in_child, args=(ref, configs, max_rows, writer, build_rows), daemon=True,
                               name=f"hubgym-check-{name}")
     process.start()
     writer.close()  # the child holds the only writing end: its exit is EOF here
@@ -105,12 +106,13 @@ def _is_path(name: str) -> bool:
     return "/" in name or name.startswith(".") or name.endswith(".py") or os.sep in name
 
 
-def _check_in_child(name: str, configs: list[str] | None, max_rows: int, writer: Connection) -> None:
+def _check_in_child(name: str, configs: list[str] | None, max_rows: int, writer: Connection,
+                    build_rows: int | None = None) -> None:
     """The worker: send each result as its check finishes, then _DONE."""
     _thread_only_progress_lock()
     started = time.perf_counter()
     try:
-        for result in iter_checks(name, configs=configs, max_rows=max_rows):
+        for result in iter_checks(name, configs=configs, max_rows=max_rows, build_rows=build_rows):
             writer.send(result)
     except Exception as exc:
         writer.send(CheckResult.failure(name, "load", exc, started))  # unresolvable: a "load" row, as serially

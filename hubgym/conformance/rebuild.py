@@ -52,14 +52,15 @@ def importable_ref(ref: object, cls: type) -> str | None:
     return f"{cls.__module__}:{cls.__qualname__}"
 
 
-def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str) -> dict[str, dict[str, Any]]:
+def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str,
+                    max_rows: int | None = None) -> dict[str, dict[str, Any]]:
     """Build `configs` of `ref` in a second process with PYTHONHASHSEED=`hash_seed`, under the first check clock;
     {config: {split: Dataset}}. A failure there is a RuntimeError holding its last line. The process stays up for
     the next env (one per hash seed and parent process: checking many envs pays its start once)."""
     import datasets
 
     out.mkdir(parents=True, exist_ok=True)
-    request = {"ref": ref, "configs": configs, "out": str(out), "sys_path": sys.path}
+    request = {"ref": ref, "configs": configs, "out": str(out), "sys_path": sys.path, "max_rows": max_rows}
     _worker(hash_seed).build(request)
     return {config: dict(datasets.load_from_disk(str(out / config))) for config in configs}
 
@@ -142,7 +143,8 @@ def serve() -> None:
             cls, out = _load(request["ref"]), Path(request["out"])
             with at_clock(CHECK_CLOCKS[0]):
                 for config in request["configs"]:
-                    build_tasks(cls, config, cache_dir=out / f".cache-{config}").save_to_disk(str(out / config))
+                    built = build_tasks(cls, config, cache_dir=out / f".cache-{config}", max_rows=request["max_rows"])
+                    built.save_to_disk(str(out / config))
             error = None
         except Exception as exc:  # noqa: BLE001 - reported to the first process, which names the env and the fix
             error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]

@@ -57,11 +57,12 @@ class CheckResult:
 # -- running ---------------------------------------------------------------------------------
 
 def iter_outcomes(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+                  build_rows: int | None = None,
                   checks: list[Callable[[Context], None]] | None = None
                   ) -> Iterator[tuple[CheckResult, EnvContractError | None]]:
     """Run the checks in order, yielding each result with the error it raised (None when ok)."""
     with tempfile.TemporaryDirectory(prefix="hubgym-check-") as tmp:
-        ctx = Context(env, configs, max_rows, Path(tmp))
+        ctx = Context(env, configs, max_rows, Path(tmp), build_rows)
         for check in checks or CHECKS:
             ctx.check = check.__name__
             start = time.perf_counter()
@@ -92,21 +93,22 @@ def _run_one(check: Callable[[Context], None], ctx: Context) -> EnvContractError
     return None
 
 
-def iter_checks(env: str | type[TaskBuilder], *, configs: list[str] | None = None,
-                max_rows: int = 200) -> Iterator[CheckResult]:
+def iter_checks(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+                build_rows: int | None = None) -> Iterator[CheckResult]:
     """Like check_env, but yields each result as soon as its check finishes (for progress display)."""
-    for result, _ in iter_outcomes(env, configs=configs, max_rows=max_rows):
+    for result, _ in iter_outcomes(env, configs=configs, max_rows=max_rows, build_rows=build_rows):
         yield result
 
 
-def check_env(env: str | type[TaskBuilder], *, configs: list[str] | None = None,
-              max_rows: int = 200) -> list[CheckResult]:
-    """Run every check on one env (resolved with hubgym.builders.registry.resolve_env).
+def check_env(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+              build_rows: int | None = None) -> list[CheckResult]:
+    """Run every check on one env (resolved with hubgym.envs.resolve_env).
 
     Never raises for a check failure: each failure is a CheckResult with ok=False and the message.
-    `configs` limits the configs built (default: all); `max_rows` caps the rows scored per split.
+    `configs` limits the configs built (default: all); `max_rows` caps the rows scored per split; `build_rows`
+    caps the rows each split is built with (default: every row its config declares).
     """
-    return list(iter_checks(env, configs=configs, max_rows=max_rows))
+    return list(iter_checks(env, configs=configs, max_rows=max_rows, build_rows=build_rows))
 
 
 def assert_env_ok(env: str | type[TaskBuilder], **kwargs: Any) -> None:

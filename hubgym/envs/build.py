@@ -15,20 +15,25 @@ _BUILD_DIRS: list[tempfile.TemporaryDirectory] = []
 """Build caches of this process: the returned datasets memory-map them, so they are removed at exit."""
 
 
-def make_builder(env: str | type[TaskBuilder], config: str | None = None, cache_dir: str | Path | None = None) -> TaskBuilder:
-    """Instantiate a builder; `cache_dir` defaults to a fresh temporary folder (no shared cache state)."""
+def make_builder(env: str | type[TaskBuilder], config: str | None = None, cache_dir: str | Path | None = None,
+                 max_rows: int | None = None) -> TaskBuilder:
+    """Instantiate a builder; `cache_dir` defaults to a fresh temporary folder (no shared cache state); `max_rows`
+    caps every split's size (a config override: the same generator, its first rows)."""
     cls = resolve_env(env)
     if cache_dir is None:
         _BUILD_DIRS.append(tempfile.TemporaryDirectory(prefix="hubgym-build-"))
         cache_dir = _BUILD_DIRS[-1].name
+    name = config or cls.config_names()[0]
+    sizes = getattr(next((c for c in cls.BUILDER_CONFIGS if c.name == name), None), "sizes", None)
+    overrides = {"sizes": {s: min(n, max_rows) for s, n in sizes.items()}} if max_rows and sizes else {}
     # dataset_name names the files (`<env>-<split>.parquet`); by default datasets derives it from the module name
-    return cls(config_name=config or cls.config_names()[0], cache_dir=str(cache_dir), dataset_name=cls.ENV)
+    return cls(config_name=name, cache_dir=str(cache_dir), dataset_name=cls.ENV, **overrides)
 
 
-def build_tasks(env: str | type[TaskBuilder], config: str | None = None, *,
-                cache_dir: str | Path | None = None) -> datasets.DatasetDict:
-    """Generate every split of one config and return it as a DatasetDict (Arrow-backed)."""
-    builder = make_builder(env, config, cache_dir)
+def build_tasks(env: str | type[TaskBuilder], config: str | None = None, *, cache_dir: str | Path | None = None,
+                max_rows: int | None = None) -> datasets.DatasetDict:
+    """Generate every split of one config (each at most `max_rows` rows) and return it as a DatasetDict."""
+    builder = make_builder(env, config, cache_dir, max_rows)
     builder.download_and_prepare(download_mode="force_redownload", verification_mode="no_checks")
     return builder.as_dataset()
 
