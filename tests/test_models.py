@@ -112,7 +112,7 @@ def test_a_gguf_that_cannot_be_converted_is_one_line_and_leaves_nothing(tmp_path
 def test_smollm2_without_its_package_says_how_to_install_it(monkeypatch):
     import importlib.metadata
 
-    from hubgym import smollm2
+    from hubgym.models import smollm2
 
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)

@@ -60,7 +60,8 @@ def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str,
     import datasets
 
     out.mkdir(parents=True, exist_ok=True)
-    request = {"ref": ref, "configs": configs, "out": str(out), "sys_path": sys.path, "max_rows": max_rows}
+    request = {"ref": ref, "configs": configs, "out": str(out.absolute()), "sys_path": sys.path, "max_rows": max_rows,
+               "cwd": os.getcwd()}  # a relative folder means what it means here (the process outlives a chdir)
     _worker(hash_seed).build(request)
     return {config: dict(datasets.load_from_disk(str(out / config))) for config in configs}
 
@@ -139,6 +140,7 @@ def serve() -> None:
     for line in sys.stdin:
         request = json.loads(line)
         try:
+            os.chdir(request["cwd"])
             sys.path[:] = request["sys_path"]  # the first process's, so a test module's class imports here too
             cls, out = _load(request["ref"]), Path(request["out"])
             with at_clock(CHECK_CLOCKS[0]):
