@@ -29,6 +29,7 @@ from datasets.exceptions import DatasetGenerationError
 from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError, SkippedShardsWarning
 from hubgym.hub.base import HubBackend, check_name, get_hub, parse_ref
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
+from hubgym.hub.shard_checks import SeenRollouts
 from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, fetch_or_error, open_or_error
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema
 
@@ -167,10 +168,17 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
     """Each shard loaded and checked (see load_shard), in order; a bad one raises its ShardError, or with
     `skip_bad` is left out and named in one SkippedShardsWarning at the end (NoShardsError when every one is and
     `sources` is the `whole_read`, not one worker's part of it). This is the one way hubgym
-    reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it."""
+    reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it.
+    A shard holding a rollout id that an earlier one of the read held is a bad shard too."""
     counts = counts if counts is not None else {}
     bad: list[str] = []
+    seen = SeenRollouts()
     for source, loaded in _prefetched(sources, verify):
+        if verify and isinstance(loaded, LoadedShard):
+            try:
+                seen.add_loaded(loaded)
+            except ShardError as exc:
+                loaded = exc
         if isinstance(loaded, ShardError):
             if not skip_bad:
                 raise loaded
