@@ -18,7 +18,10 @@ out (the first `datasets.IterableDataset` of a process imports torch: 3-5 s here
 - hub, hubgym `open_rollouts`: the same reading as a `datasets.IterableDataset`;
 - hub, plain `datasets.load_dataset(REPO, RUN, streaming=True)`: the card's YAML, no verification;
 - local folder: the same shards on disk, read by hubgym (`iter_batches`, `iter_rollouts`) and by
-  `datasets.load_dataset("arrow", data_files=..., streaming=True)`.
+  `datasets.load_dataset("arrow", data_files=..., streaming=True)`;
+- "checks off": hubgym's `iter_batches` and `iter_rollouts` with the per-batch checks of
+  hubgym.hub.shard_checks switched off (bench/unchecked.py): the reading as it was before every batch of
+  every shard was fully validated, side by side with it (the sha256 is checked either way).
 
 "sustained rows/s" counts the rows after the first, over the time after the first row.
 """
@@ -153,15 +156,30 @@ def main() -> None:
     def hub(i: int, name: str) -> HfHub:
         return HfHub(endpoint=url, cache_dir=tmp / f"{name}-{i}")
 
+    from unchecked import checks_off
+
+    def unchecked(read):
+        """A reader run with the checks off, for all of its rows (a generator: the switch stays on while it runs)."""
+        def rows(i: int):
+            with checks_off():
+                yield from read(i)
+        return rows
+
     one, batch_rows = (lambda _: 1), (lambda b: b.num_rows)
     readers = {
         "hub · hubgym iter_batches": (lambda i: iter_batches(pushed.ref, hub=hub(i, "b")), batch_rows),
+        "hub · hubgym iter_batches, checks off": (unchecked(lambda i: iter_batches(pushed.ref, hub=hub(i, "B"))),
+                                                  batch_rows),
         "hub · hubgym iter_rollouts": (lambda i: iter_rollouts(pushed.ref, hub=hub(i, "r")), one),
+        "hub · hubgym iter_rollouts, checks off": (unchecked(lambda i: iter_rollouts(pushed.ref, hub=hub(i, "R"))),
+                                                   one),
         "hub · hubgym open_rollouts (datasets)": (lambda i: open_rollouts(pushed.ref, hub=hub(i, "o")), one),
         "hub · datasets load_dataset(REPO, RUN)": (lambda i: datasets.load_dataset(
             "org/rollouts", "run", split="train", streaming=True, cache_dir=str(tmp / f"ds-{i}")), one),
         "local · hubgym iter_batches": (lambda i: iter_batches(run), batch_rows),
+        "local · hubgym iter_batches, checks off": (unchecked(lambda i: iter_batches(run)), batch_rows),
         "local · hubgym iter_rollouts": (lambda i: iter_rollouts(run), one),
+        "local · hubgym iter_rollouts, checks off": (unchecked(lambda i: iter_rollouts(run)), one),
         "local · datasets load_dataset(arrow)": (lambda i: datasets.load_dataset(
             "arrow", data_files=[str(p) for p in shards], split="train", streaming=True,
             cache_dir=str(tmp / f"dl-{i}")), one),

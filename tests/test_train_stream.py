@@ -119,19 +119,15 @@ def test_zero_variance_groups_dropped_downweighted_or_kept():
                                         ("error", {"boundary": "engine", "type": "X", "message": "m"})])
 def test_bad_rows_are_skipped_with_a_named_counted_warning_or_refused_in_strict_mode(tmp_path, field, bad, caplog):
     rows = [{**row("e", 0, 0, 1.0), field: bad}, row("e", 0, 1, 0.0), row("e", 0, 2, 1.0)]
-    if field.startswith("completion_"):  # a shard holding such a row is refused whole by every reader (ShardError);
-        source = lambda: rows  # noqa: E731  # rows from elsewhere reach the stream as they are
-    else:
-        folder = shards(tmp_path, "r", rows)
-        source = lambda: LocalShards(folder)  # noqa: E731
+    folder = shards(tmp_path, "r", rows)
     with caplog.at_level(logging.WARNING, logger="hubgym.train"):
-        stream = GroupStream([source()], GroupSettings(n=2))
+        stream = GroupStream([LocalShards(folder)], GroupSettings(n=2))
         groups = list(stream)
     assert [sorted(r["sample"] for r in g.rows) for g in groups] == [[1, 2]]
     assert stream.counts[f"skipped_rows/{field}"] == 1
     assert f"env 'e', rollout 'e-0-0', field '{field}'" in caplog.text
     with pytest.raises(BadRowError, match=f"rollout 'e-0-0', field '{field}'") as info:
-        list(GroupStream([source()], GroupSettings(n=2, strict=True)))
+        list(GroupStream([LocalShards(folder)], GroupSettings(n=2, strict=True)))
     assert (info.value.env, info.value.rollout_id, info.value.field) == ("e", "e-0-0", field)
     assert pickle.loads(pickle.dumps(info.value)).field == field  # crosses process boundaries intact
 

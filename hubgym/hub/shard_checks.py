@@ -1,15 +1,15 @@
 """What a stored rollout shard must hold before any of its values is used: checked once, where its bytes open.
 
     check_batch(batch, "r1/shards/w000of001-00000.arrow", first_row=0, ids=set())   # ShardError, or nothing
-    seen = SeenRollouts(); seen.add(loaded)        # a rollout id already read from another shard: ShardError
+    seen = SeenRollouts(); seen.add_loaded(loaded) # a rollout id already read from another shard: ShardError
     batch = as_read(batch)                         # what readers hand out: today's types, non-finite rewards as errors
 
 A recorded sha256 says the bytes are those someone recorded, not that hubgym's writer wrote them: the run
 manifest and a rollout repo's index.json are as untrusted as the shard. So every record batch gets pyarrow's
 full validation (offsets, UTF-8, child lengths and null counts: what keeps a crafted file from crashing a
 reader in native code, or from being read as something else), column by column, then the writer's own rules:
-no null where it never writes one, an `info` that decodes as JSON (nested at most MAX_JSON_DEPTH deep), and no
-rollout id twice. A failure is one ShardError naming the shard, the column and the row.
+no null where it never writes one, an `info` that decodes as JSON (nested at most MAX_JSON_DEPTH deep), a date
+Python holds, and no rollout id twice (in a shard, or across the shards of a read: SeenRollouts). A failure is one ShardError naming the shard, the column and the row.
 
 A reward that is not finite is valid Arrow, but it is no reward: `as_read` hands the row out as the rollout loop
 would have stored it, without a reward and with a verifier error naming the value, so every reader counts it
@@ -18,15 +18,18 @@ in `errors` and training leaves it out.
 
 from __future__ import annotations
 
-import hashlib
-from typing import TYPE_CHECKING, Any
+import math
+from typing import TYPE_CHECKING, Any, Iterable
 
+import msgspec
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import ShardError
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, upgrade_batch
 from hubgym.schemas.tasks import parse_json
+
+_DECODE = msgspec.json.Decoder().decode
 
 if TYPE_CHECKING:
     from hubgym.hub.shards import LoadedShard
@@ -45,8 +48,9 @@ NON_FINITE_REWARD = "NonFiniteReward"
 def check_batch(batch: pa.RecordBatch, shard: str, first_row: int, ids: set[str]) -> None:
     """ShardError naming the column and row of the first thing in `batch` that no hubgym writer writes.
 
-    `first_row`: the shard's row number of the batch's first row; `ids`: the shard's rollout ids so far
-    (this batch's are added)."""
+    `first_row`: the shard's row number of the batch's first row; `ids`: the shard's rollout ids so far (this
+    batch's are added). Each check runs on whole columns in Arrow (a few calls a batch); only a failure
+    looks for its row."""
     for name, column in zip(batch.schema.names, batch.columns):
         try:
             column.validate(full=True)
@@ -56,8 +60,8 @@ def check_batch(batch: pa.RecordBatch, shard: str, first_row: int, ids: set[str]
     for name in REQUIRED:
         column = batch.column(name)
         if column.null_count:
-            raise _error(shard, name, first_row + _first_null(column), "is null, which hubgym's writer never writes")
-    _check_tokens(batch, shard, first_row)
+            raise _error(shard, name, first_row + _first_true(pc.is_null(column)),
+                         "is null, which hubgym's writer never writes")
     _check_times(batch.column("created_at"), shard, first_row)
     _check_info(batch, shard, first_row)
     _check_unique(batch.column("rollout_id"), shard, first_row, ids)
@@ -77,52 +81,40 @@ def _first_bad_row(column: pa.Array) -> int:
     return low
 
 
-def _first_null(column: pa.Array) -> int:
-    return _first_true(pc.is_null(column))
-
-
-def _check_tokens(batch: pa.RecordBatch, shard: str, first_row: int) -> None:
-    """The token record: ids >= 0, a mask of 0 and 1, finite logprobs, and one mask and logprob per completion
-    id (what training takes as it is)."""
-    lengths = pc.list_value_length(batch.column("completion_ids"))
-    for name in ("completion_mask", "completion_logprobs"):
-        differ = pc.not_equal(pc.list_value_length(batch.column(name)), lengths)
-        if pc.any(differ).as_py():
-            raise _error(shard, name, first_row + _first_true(differ), "does not have one value per completion id",
-                         _rollout_id(batch, _first_true(differ)))
-    rules = {"prompt_ids": lambda v: pc.greater_equal(v, 0), "completion_ids": lambda v: pc.greater_equal(v, 0),
-             "completion_mask": lambda v: pc.is_in(v, pa.array([0, 1], pa.int8())),
-             "completion_logprobs": lambda v: pc.is_finite(v)}
-    for name, rule in rules.items():
-        column = batch.column(name)
-        broken = pc.invert(rule(pc.list_flatten(column)))
-        if pc.any(broken).as_py():
-            row = int(pc.list_parent_indices(column).take(pc.indices_nonzero(broken))[0].as_py())
-            value = pc.list_flatten(column).filter(broken)[0].as_py()
-            raise _error(shard, name, first_row + row, f"holds {value!r}, which no engine or tokenizer gives",
-                         _rollout_id(batch, row))
+def _first_true(mask: pa.Array) -> int:
+    return int(pc.index(mask, True).as_py())
 
 
 EARLIEST, LATEST = -62135596800 * 10**6, 253402300799 * 10**6  # 0001-01-01 and 9999-12-31, in microseconds
 
 
 def _check_times(column: pa.Array, shard: str, first_row: int) -> None:
-    """Timestamps a Python datetime holds (years 1 to 9999)."""
+    """Timestamps a Python datetime holds (years 1 to 9999): `to_pylist` raises on any other."""
+    bounds = pc.min_max(column)
+    low, high = bounds["min"], bounds["max"]
+    if not low.is_valid or EARLIEST <= low.value and high.value <= LATEST:
+        return
     micros = column.cast(pa.int64())
     outside = pc.fill_null(pc.or_(pc.less(micros, EARLIEST), pc.greater(micros, LATEST)), False)
-    if pc.any(outside).as_py():
-        raise _error(shard, "created_at", first_row + _first_true(outside), "is not a date between the years 1 "
-                     "and 9999")
-
-
-def _first_true(mask: pa.Array) -> int:
-    return int(pc.index(mask, True).as_py())
+    raise _error(shard, "created_at", first_row + _first_true(outside), "is not a date between the years 1 and 9999")
 
 
 def _check_info(batch: pa.RecordBatch, shard: str, first_row: int) -> None:
     """Every `info` decodes as JSON no deeper than MAX_JSON_DEPTH."""
     column = batch.column("info")
     texts = (column.storage if isinstance(column, pa.ExtensionArray) else column).to_pylist()
+    limit = MAX_JSON_DEPTH
+    try:
+        for text in texts:
+            value = _DECODE(text)  # msgspec: what parse_json tries first; the rest (NaN, say) is looked at below
+            # a text holding fewer brackets than the limit is no deeper than it (len and count run in C)
+            if len(text) > limit and text.count("[") + text.count("{") > limit and _depth(value) > limit:
+                raise ValueError(f"nested deeper than {limit} levels")
+    except (msgspec.DecodeError, RecursionError, TypeError, ValueError):
+        _find_bad_info(batch, texts, shard, first_row)
+
+
+def _find_bad_info(batch: pa.RecordBatch, texts: list, shard: str, first_row: int) -> None:
     for row, text in enumerate(texts):
         try:
             if not isinstance(text, str) or _depth(parse_json(text)) > MAX_JSON_DEPTH:
@@ -146,6 +138,7 @@ def _depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
 
 
 def _check_unique(ids: pa.Array, shard: str, first_row: int, seen: set[str]) -> None:
+    """No rollout id twice in the shard; its ids join `seen`."""
     values = ids.to_pylist()
     if len(set(values)) == len(values) and seen.isdisjoint(values):
         seen.update(values)
@@ -158,24 +151,23 @@ def _check_unique(ids: pa.Array, shard: str, first_row: int, seen: set[str]) -> 
 
 
 class SeenRollouts:
-    """The rollout ids of the shards read so far, as 8-byte digests (about 60 bytes of memory a row): a shard
-    holding one of them again is refused, naming both shards."""
+    """The rollout ids of the shards read so far (about 150 bytes of memory a row: the id and a dict slot): a
+    shard holding one of them again is refused, naming both shards."""
 
     def __init__(self) -> None:
-        self.owner: dict[int, str] = {}
+        self.owner: dict[str, str] = {}
 
-    def add(self, shard: str, ids: list[str] | pa.Array) -> None:
-        values = ids.to_pylist() if isinstance(ids, (pa.Array, pa.ChunkedArray)) else ids
-        digests = [int.from_bytes(hashlib.blake2b(v.encode(), digest_size=8).digest(), "big") for v in values]
-        clash = next((i for i, d in enumerate(digests) if d in self.owner), None)
-        if clash is not None:
-            raise ShardError(f"shard {shard} repeats rollout {values[clash]!r}, which shard {self.owner[digests[clash]]} "
-                             f"holds too: a rollout is stored once, and read twice it would count twice; read one "
-                             f"of the two runs, or {FIX}", shard=shard)
-        self.owner.update(dict.fromkeys(digests, shard))
+    def add(self, shard: str, ids: Iterable[str]) -> None:
+        """Record a shard's rollout ids, or raise ShardError naming the first one read before."""
+        if not self.owner.keys().isdisjoint(ids):
+            clash = next(i for i in ids if i in self.owner)
+            raise ShardError(f"shard {shard} repeats rollout {clash!r}, which shard {self.owner[clash]} holds too: a "
+                             f"rollout is stored once, and read twice it would count twice; read one of the two "
+                             f"runs, or {FIX}", shard=shard)
+        self.owner.update(dict.fromkeys(ids, shard))
 
     def add_loaded(self, loaded: "LoadedShard") -> None:
-        self.add(loaded.source.name, sorted(loaded.ids))
+        self.add(loaded.source.name, loaded.ids)
 
 
 def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
@@ -183,6 +175,9 @@ def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
     finite replaced by null with a verifier error naming it, as the rollout loop stores such a reward."""
     batch = upgrade_batch(batch)
     rewards = batch.column("reward")
+    total = pc.sum(rewards).as_py()
+    if total is None or math.isfinite(total):  # all null, or all finite (a sum that overflows is looked at below)
+        return batch
     finite = pc.fill_null(pc.is_finite(rewards), True)
     if pc.all(finite).as_py():
         return batch
@@ -191,7 +186,8 @@ def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
         errors[row] = errors[row] or {"boundary": "verifier", "type": NON_FINITE_REWARD,
                                       "message": f"the stored reward {rewards[row].as_py()!r} is not a finite number"}
     at = batch.schema.get_field_index
-    batch = batch.set_column(at("reward"), batch.schema.field("reward"), pc.if_else(finite, rewards, pa.scalar(None, pa.float64())))
+    batch = batch.set_column(at("reward"), batch.schema.field("reward"),
+                             pc.if_else(finite, rewards, pa.scalar(None, pa.float64())))
     return batch.set_column(at("error"), batch.schema.field("error"), pa.array(errors, ROLLOUT_SCHEMA.field("error").type))
 
 

@@ -163,7 +163,7 @@ def _repeated(seen: SeenRollouts, part: ShardResult, output: Path | None) -> str
     """The error of a shard that repeats a rollout an earlier shard held (its output shard, written by then, is
     removed), or None."""
     try:
-        seen.add(part.shard, part.diff_rows.column("rollout_id"))
+        seen.add(part.shard, part.diff_rows.column("rollout_id").to_pylist())
     except ShardError as exc:
         if output is not None:
             output.unlink(missing_ok=True)
