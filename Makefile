@@ -7,7 +7,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup sandbox
+.PHONY: demo test setup sandbox ops
 
 demo: setup
 	$(BIN)/hubgym demo
@@ -15,7 +15,7 @@ demo: setup
 test: setup
 	$(BIN)/pytest -n 2 -q
 
-setup: $(VENV)/.installed sandbox
+setup: $(VENV)/.installed sandbox ops
 
 # Reinstalled when pyproject.toml changes; the stamp file records the last install.
 $(VENV)/.installed: pyproject.toml
@@ -34,3 +34,8 @@ sandbox:
 	  || (command -v apt-get >/dev/null 2>&1 && apt-get update && apt-get install -y bubblewrap) \
 	  || echo "warning: bubblewrap (bwrap) is missing and could not be installed with apt-get;" \
 	          "code-running tools (and their tests) need it: install the 'bubblewrap' package"
+
+# DeepSpeed's CPU op (its shared-memory comm op, about 80 s to compile once; cached in ~/.cache/hubgym, or
+# $TORCH_EXTENSIONS_DIR): built here, so no run pays for it or waits on a build someone else started.
+ops: $(VENV)/.installed
+	$(BIN)/python -m hubgym.train.ops

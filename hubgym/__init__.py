@@ -26,6 +26,7 @@ _EXPORTS: dict[str, str] = {
     # builders
     "TaskBuilder": "hubgym.builders", "TaskConfig": "hubgym.builders", "resolve_env": "hubgym.builders",
     "env_names": "hubgym.builders", "build_tasks": "hubgym.builders", "build_files": "hubgym.builders",
+    "distinct": "hubgym.builders",
     # verifiers
     "Verifier": "hubgym.verifiers", "Score": "hubgym.verifiers", "load_verifier": "hubgym.verifiers",
     # tools

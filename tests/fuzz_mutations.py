@@ -230,6 +230,56 @@ CRAFTED: dict[str, Callable[[pa.Table, random.Random], pa.Table]] = {
 }
 
 
+def _lie_in(name: str, how: str) -> Callable[[pa.Table, random.Random], pa.Table]:
+    """A crafted table whose column `name` (a string column, `prompt.content`/`completion.content`, or a list
+    column) breaks Arrow's rules in one way."""
+    def craft(table: pa.Table, rng: random.Random) -> pa.Table:
+        if name in LIST_COLUMNS and how == "list offsets out of range":
+            array, offsets = _mutable_list(table.column(name).combine_chunks())
+            table = _set(table, name, array)
+            ints = memoryview(offsets).cast("i")
+            ints[1] = ints[len(ints) - 1] + 1
+            return table
+        if "." in name:
+            column = name.split(".")[0]
+            messages = table.column(column).combine_chunks()
+            fields = [messages.values.field(i) for i in range(messages.values.type.num_fields)]
+            at = messages.values.type.get_field_index("content")
+            fields[at], starts, raw = _mutable_strings(fields[at])
+            structs = pa.StructArray.from_arrays(fields, fields=list(messages.values.type))
+            table = _set(table, column, pa.ListArray.from_arrays(messages.offsets, structs, type=messages.type))
+        else:
+            array, starts, raw = _mutable_strings(table.column(name).combine_chunks())
+            table = _set(table, name, array)
+        _break_strings(starts, raw, rng, how)
+        return table
+    return craft
+
+
+CRASH_CASES: dict[str, tuple[str, Callable[[pa.Table, random.Random], pa.Table]]] = {
+    "task_id: offsets out of order": ("task_id", _lie_in("task_id", "offsets out of order")),
+    "env: offsets past the end": ("env", _lie_in("env", "offsets past the end")),
+    "rollout_id: invalid utf-8": ("rollout_id", _lie_in("rollout_id", "invalid utf-8")),
+    "completion.content: negative offset": ("completion", _lie_in("completion.content", "negative offset")),
+    "prompt.content: offsets out of order": ("prompt", _lie_in("prompt.content", "offsets out of order")),
+    "completion.content: invalid utf-8": ("completion", _lie_in("completion.content", "invalid utf-8")),
+    "prompt_ids: list offsets out of range": ("prompt_ids", _lie_in("prompt_ids", "list offsets out of range")),
+    "completion: list offsets out of range": ("completion", _lie_in("completion", "list offsets out of range")),
+    "info nested 100,000 deep": ("info", CRAFTED["info nested 100,000 deep"]),
+    "info not JSON": ("info", CRAFTED["info not JSON"]),
+    "created_at out of range": ("created_at", CRAFTED["created_at extreme"]),
+    "rows repeated": ("rollout_id", CRAFTED["rows repeated"]),
+}
+"""Crafted shards (name -> the column at fault, how to make it) that crashed hubgym's readers before every batch
+was checked: a segmentation fault (`score` on "env: offsets past the end"), tracebacks, or a silent read of
+invalid data. Each is now one error line naming the file, the column and the row."""
+
+
+def crash_case(name: str, data: bytes) -> bytes:
+    """Shard bytes `data` rewritten as crash case `name` (deterministic)."""
+    return write_table(CRASH_CASES[name][1](read_table(data), random.Random(0)))
+
+
 def mutate_shard(data: bytes, rng: random.Random) -> Mutation:
     """A crafted rewrite of a shard (Arrow-valid or lying buffers), or a byte mutation."""
     if rng.random() < 0.6:

@@ -10,6 +10,7 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "TaskBuilder": "hubgym.builders.base", "TaskConfig": "hubgym.builders.base", "split_seed": "hubgym.builders.base",
+    "distinct": "hubgym.builders.base",
     "build_files": "hubgym.builders.build", "build_tasks": "hubgym.builders.build",
     "make_builder": "hubgym.builders.build",
     "BUILTIN_ENVS": "hubgym.builders.registry", "env_names": "hubgym.builders.registry",

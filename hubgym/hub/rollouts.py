@@ -35,6 +35,7 @@ from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exp
     INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollouts,
     open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
 )
+from hubgym.hub.shard_checks import SeenRollouts
 from hubgym.hub.shards import ShardSource, load_shard, sha256_file
 
 SUMMARY_FILE = "summary.json"
@@ -93,10 +94,11 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
         missing = shards[0].parent / gone[0]
         raise ShardError(f"shard {missing} is listed in its run's manifest but missing; re-run the rollout (it "
                          f"resumes and rewrites only what is missing)", shard=str(missing))
-    out, features = {}, None
+    out, features, seen = {}, None, SeenRollouts()
     for path in shards:
         info = recorded.get(path.name, {})
-        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # no sha256: full validation
+        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # its sha256 is checked below
+        seen.add_loaded(loaded)  # a rollout two shards hold is never published
         sha = sha256_file(path)
         if info.get("sha256") not in (None, sha):
             raise ShardError(f"shard {path} changed after it was written: its sha256 is {sha}, the run manifest "

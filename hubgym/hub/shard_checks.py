@@ -55,7 +55,7 @@ def check_batch(batch: pa.RecordBatch, shard: str, first_row: int, ids: set[str]
         try:
             column.validate(full=True)
         except pa.ArrowException as exc:
-            row = first_row + _first_bad_row(column)
+            row = first_row + first_invalid_row(column)
             raise _error(shard, name, row, f"is not valid Arrow ({_first_line(exc)})") from None
     for name in REQUIRED:
         column = batch.column(name)
@@ -67,7 +67,7 @@ def check_batch(batch: pa.RecordBatch, shard: str, first_row: int, ids: set[str]
     _check_unique(batch.column("rollout_id"), shard, first_row, ids)
 
 
-def _first_bad_row(column: pa.Array) -> int:
+def first_invalid_row(column: pa.Array) -> int:
     """The first row whose value fails full validation (a slice is validated alone; the prefixes that pass tell
     where it starts), or 0 when the array fails as a whole."""
     low, high = 0, len(column)  # the prefix of `low` rows passes; that of `high` rows fails
@@ -160,7 +160,7 @@ class SeenRollouts:
     def add(self, shard: str, ids: Iterable[str]) -> None:
         """Record a shard's rollout ids, or raise ShardError naming the first one read before."""
         if not self.owner.keys().isdisjoint(ids):
-            clash = next(i for i in ids if i in self.owner)
+            clash = min(i for i in ids if i in self.owner)  # the same one named whatever the set's order
             raise ShardError(f"shard {shard} repeats rollout {clash!r}, which shard {self.owner[clash]} holds too: a "
                              f"rollout is stored once, and read twice it would count twice; read one of the two "
                              f"runs, or {FIX}", shard=shard)
