@@ -55,8 +55,9 @@ def check_arrow(rows: datasets.Dataset, spec: "WrapSpec", split: str) -> None:
                 chunk.validate(full=True)
             except pa.ArrowInvalid as exc:
                 utf8 = "utf8" in str(exc).lower().replace("-", "")
-                what = "text that is not UTF-8" if utf8 else f"data Arrow cannot read ({str(exc).splitlines()[0][:160]})"
-                raise EnvContractError(f"the column holds {what}", spec.where(split, f"row {start + first_invalid_row(chunk)}", column),
+                what = "text that is not UTF-8" if utf8 else f"data Arrow cannot read ({str(exc).splitlines()[0]:.160})"
+                row = f"row {start + first_invalid_row(chunk)}"
+                raise EnvContractError(f"the column holds {what}", spec.where(split, row, column),
                                        "save the source files as UTF-8 (e.g. iconv -f latin1 -t utf-8), then wrap "
                                        "again") from None
             start += len(chunk)

@@ -107,7 +107,8 @@ def draw(seed: int, index: int, root: Path) -> tuple[str, str, random.Random]:
     repo_snapshot = _snapshot(root, REPO)
     run = rng.choice(RUNS)
     shards = sorted((root / "runs" / run / "shards").glob("*.arrow"))
-    files = {"shard": lambda: rng.choice(shards), "run manifest": lambda: root / "runs" / run / f"manifest-{WORKER}.json",
+    files = {"shard": lambda: rng.choice(shards),
+             "run manifest": lambda: root / "runs" / run / f"manifest-{WORKER}.json",
              "hub shard": lambda: repo_snapshot / run / "shards" / rng.choice(shards).name,
              "index.json": lambda: repo_snapshot / run / "index.json",
              "summary.json": lambda: repo_snapshot / run / "summary.json",

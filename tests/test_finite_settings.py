@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -68,7 +67,8 @@ def test_a_mixture_spec_that_is_binary_a_fifo_or_deep_is_one_line(tmp_path):
     binary.write_bytes(bytes(range(128, 256)) * 4)
     os.mkfifo(fifo)  # reading it would block until someone writes
     deep.write_text("envs: " + "[" * 100_000 + "]" * 100_000)
-    for path, said in ((binary, "not UTF-8 text (byte 0x80 at 0)"), (fifo, "not a regular file"), (deep, "nested too deep")):
+    cases = ((binary, "not UTF-8 text (byte 0x80 at 0)"), (fifo, "not a regular file"), (deep, "nested too deep"))
+    for path, said in cases:
         line = one_error_line(["rollout", "--mix", str(path), "--tasks", "3"])
         assert f"cannot read mixture spec {path}: {said}" in line, line
 

@@ -11,8 +11,9 @@ features), `<run>/summary.json` (provenance and per-worker stats), and a README 
 lists every run of the repo, so `datasets.load_dataset(REPO, RUN)` works with no remote code.
 
 Every shard is checked before anything is uploaded (it opens as an Arrow IPC file, every batch
-passes Arrow's full validation, it has the rollout schema, and its rows and sha256 match the run
-manifest): a partial or corrupted shard is never published. Shards go up in commits of about
+passes Arrow's full validation and the writer's rules (hub/shard_checks.py), it has the rollout schema, its
+rows and sha256 match the run manifest, and no rollout is in two shards): a partial, corrupted or crafted
+shard is never published. Shards go up in commits of about
 `batch_bytes`, each commit also updating index.json; a re-run skips the shards the repo's index
 already lists with the same sha256, so an interrupted push resumes with no duplicate.
 """

@@ -8,8 +8,9 @@ A recorded sha256 says the bytes are those someone recorded, not that hubgym's w
 manifest and a rollout repo's index.json are as untrusted as the shard. So every record batch gets pyarrow's
 full validation (offsets, UTF-8, child lengths and null counts: what keeps a crafted file from crashing a
 reader in native code, or from being read as something else), column by column, then the writer's own rules:
-no null where it never writes one, an `info` that decodes as JSON (nested at most MAX_JSON_DEPTH deep), a date
-Python holds, and no rollout id twice (in a shard, or across the shards of a read: SeenRollouts). A failure is one ShardError naming the shard, the column and the row.
+no null where it never writes one, an `info` that decodes as JSON (nested at most MAX_JSON_DEPTH deep), a
+date Python holds, and no rollout id twice (in a shard, or across the shards of a read: SeenRollouts). A
+failure is one ShardError naming the shard, the column and the row.
 
 A reward that is not finite is valid Arrow, but it is no reward: `as_read` hands the row out as the rollout loop
 would have stored it, without a reward and with a verifier error naming the value, so every reader counts it
@@ -188,7 +189,8 @@ def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
     at = batch.schema.get_field_index
     batch = batch.set_column(at("reward"), batch.schema.field("reward"),
                              pc.if_else(finite, rewards, pa.scalar(None, pa.float64())))
-    return batch.set_column(at("error"), batch.schema.field("error"), pa.array(errors, ROLLOUT_SCHEMA.field("error").type))
+    errors_column = pa.array(errors, ROLLOUT_SCHEMA.field("error").type)
+    return batch.set_column(at("error"), batch.schema.field("error"), errors_column)
 
 
 def _rollout_id(batch: pa.RecordBatch, row: int) -> str | None:

@@ -175,7 +175,8 @@ def _plot_counts(ax, envs: list[str], table: pl.DataFrame, counts: pl.DataFrame)
     for i, env in enumerate(envs):
         part = counts.filter(pl.col("env") == env).sort("reward")
         total = max(part["rows"].sum(), 1)
-        ax.scatter([i] * len(part), _drawable(part["reward"]), s=[30 + 600 * r / total for r in part["rows"]], alpha=0.6)
+        sizes = [30 + 600 * r / total for r in part["rows"]]
+        ax.scatter([i] * len(part), _drawable(part["reward"]), s=sizes, alpha=0.6)
         if len(part) <= 8:  # a few distinct rewards: say how many rows earned each
             for reward, rows in part.select("reward", "rows").iter_rows():
                 ax.annotate(f"{rows}", (i, _drawable([reward])[0]), xytext=(9, -3), textcoords="offset points",
@@ -244,8 +245,10 @@ def _plot_components(ax, envs: list[str], components: pl.DataFrame) -> None:
         for j, (name, mean) in enumerate(part.select("component", "mean").iter_rows()):
             x, height = i - 0.4 + width * (j + 0.5), _drawable([mean])[0]
             ax.bar(x, height if np.isfinite(height) else 0.0, width, color=color[name])
-            ax.annotate(f"{name} {mean:.2f}" if abs(height) < 1e6 else f"{name} {mean:.3g}", (x, max(height, 0.0) if np.isfinite(height) else 0.0), xytext=(0, 2),
-                        textcoords="offset points", ha="center", va="bottom", fontsize=6, rotation=90)
+            label = f"{name} {mean:.2f}" if abs(height) < 1e6 else f"{name} {mean:.3g}"
+            top = max(height, 0.0) if np.isfinite(height) else 0.0
+            ax.annotate(label, (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=6, rotation=90)
     _env_axis(ax, envs)
     _pad(ax, [0.0, *components["mean"].to_list()], 0.35)
     ax.axhline(0, color="grey", linewidth=0.5)
