@@ -306,47 +306,77 @@ def fuzz(seed: int, mutants: int, root: Path, out: Path, *, timeout: float = 120
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     results.unlink(missing_ok=True)
-    done: dict[int, dict[str, Any]] = {}
-    bar = _bar(progress, mutants)
+    follow = _Follow(seed, root, results, timeout, _bar(progress, mutants))
     next_index, stop = first, first + mutants
-    while next_index < stop:
-        started = _child(seed, next_index, stop, root, results, out)
-        in_flight, running, since, offset = None, None, time.monotonic(), 0
+    try:
+        while next_index < stop:
+            child = _child(seed, next_index, stop, root, results, out)
+            try:
+                next_index = follow.child(child, next_index)
+            finally:  # a child still running when this ends (Ctrl-C, an error here) goes with it
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+    finally:
+        shutil.rmtree(out / "work", ignore_errors=True)
+    return [follow.done[i] for i in sorted(follow.done)]
+
+
+class _Follow:
+    """Reads the children's results file as it grows: each mutant's outcome, and which one a child that died or
+    hung was on."""
+
+    def __init__(self, seed: int, root: Path, results: Path, timeout: float, bar) -> None:
+        self.seed, self.root, self.results, self.timeout, self.bar = seed, root, results, timeout, bar
+        self.done: dict[int, dict[str, Any]] = {}
+        self.offset = 0
+        self.in_flight: int | None = None
+        self.running: dict | None = None  # the in-flight mutant's description, once it was made
+        self.since = time.monotonic()
+
+    def child(self, child: subprocess.Popen, first: int) -> int:
+        """Follow `child` until it exits or hangs; the index of the next mutant to run."""
+        self.in_flight, self.running = None, None
         while True:
             time.sleep(0.05)
-            lines, offset = _read_new(results, offset)
-            for line in lines:
-                if "start" in line:
-                    in_flight, running, since = line["start"], None, time.monotonic()
-                elif "running" in line:
-                    running = line
-                else:
-                    done[line["index"]], in_flight = line, None
-                    bar(line)
-            code = started.poll()
+            code = child.poll()
+            self._read()
             if code is not None:
-                lines, offset = _read_new(results, offset)
-                for line in lines:
-                    running = line if "running" in line else running
-                    if "index" in line and "running" not in line:
-                        done[line["index"]], in_flight = line, None
-                        bar(line)
-                if in_flight is not None:
+                if self.in_flight is not None:
                     name = signal.Signals(-code).name if code < 0 else f"exit code {code}"
-                    outcome = "signal" if running else "fuzzer error"  # died while making the mutant: our bug
-                    done[in_flight] = _lost(seed, in_flight, root, running, outcome, f"the child died: {name}")
-                    bar(done[in_flight])
-                next_index = max(done, default=first - 1) + 1
-                break
-            if in_flight is not None and time.monotonic() - since > timeout:
-                started.kill()
-                started.wait()
-                done[in_flight] = _lost(seed, in_flight, root, running, "hang", f"no answer in {timeout:.0f} s")
-                bar(done[in_flight])
-                next_index = in_flight + 1
-                break
-    shutil.rmtree(out / "work", ignore_errors=True)
-    return [done[i] for i in sorted(done)]
+                    outcome = "signal" if self.running else "fuzzer error"  # died making the mutant: our bug
+                    self._record(self._lost(outcome, f"the child died: {name}"))
+                return max(self.done, default=first - 1) + 1
+            if self.in_flight is not None and time.monotonic() - self.since > self.timeout:
+                child.kill()
+                child.wait()
+                self._read()
+                if self.in_flight is not None:
+                    self._record(self._lost("hang", f"no answer in {self.timeout:.0f} s"))
+                return max(self.done, default=first - 1) + 1
+
+    def _read(self) -> None:
+        lines, self.offset = _read_new(self.results, self.offset)
+        for line in lines:
+            if "start" in line:
+                self.in_flight, self.running, self.since = line["start"], None, time.monotonic()
+            elif "running" in line:
+                self.running = line
+            else:
+                self._record(line)
+
+    def _record(self, line: dict[str, Any]) -> None:
+        self.done[line["index"]], self.in_flight, self.running = line, None, None
+        self.bar(line)
+
+    def _lost(self, outcome: str, detail: str) -> dict[str, Any]:
+        """The record of the in-flight mutant, which ended in `outcome` (its `running` line says what it was)."""
+        if self.running is not None:
+            return {**{k: v for k, v in self.running.items() if k != "running"}, "outcome": outcome,
+                    "detail": detail}
+        kind, name, _ = draw(self.seed, self.in_flight, self.root)
+        return {"index": self.in_flight, "kind": kind, "file": name, "mutation": "?", "invalid": None,
+                "outcome": outcome, "detail": detail}
 
 
 def _child(seed: int, start: int, stop: int, root: Path, results: Path, out: Path) -> subprocess.Popen:
@@ -366,15 +396,6 @@ def _read_new(path: Path, offset: int) -> tuple[list[dict], int]:
         text = f.read()
     complete = text[:text.rfind("\n") + 1]
     return [json.loads(line) for line in complete.splitlines() if line], offset + len(complete.encode())
-
-
-def _lost(seed: int, index: int, root: Path, described: dict | None, outcome: str, detail: str) -> dict[str, Any]:
-    """The record of a mutant whose child died or hung (`described`: its `running` line, if it got that far)."""
-    if described is not None:
-        return {**{k: v for k, v in described.items() if k != "running"}, "outcome": outcome, "detail": detail}
-    kind, name, _ = draw(seed, index, root)
-    return {"index": index, "kind": kind, "file": name, "mutation": "?", "invalid": None, "outcome": outcome,
-            "detail": detail}
 
 
 def _bar(progress: bool, total: int):

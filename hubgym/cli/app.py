@@ -47,12 +47,10 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return command(*args, **kwargs)
-        except OSError as exc:
-            if exc.errno != errno.ENAMETOOLONG:
-                raise
-            fail(f"{exc.filename!s:.80}...: the name is too long for this system (each part of a path may hold "
-                 f"{_name_max()} bytes); give a shorter path, repo id or revision")
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG and not isinstance(exc, HubgymError):
+                fail(f"{exc.filename!s:.80}...: the name is too long for this system (each part of a path may hold "
+                     f"{_name_max()} bytes); give a shorter path, repo id or revision")
             if not isinstance(exc, HubgymError) and not _failed_dataset_build(exc):
                 raise
             from hubgym.views import error_text
