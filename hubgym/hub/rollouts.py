@@ -99,12 +99,12 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
     for path in shards:
         info = recorded.get(path.name, {})
         loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # its sha256 is checked below
-        seen.add_loaded(loaded)  # a rollout two shards hold is never published
         sha = sha256_file(path)
         if info.get("sha256") not in (None, sha):
             raise ShardError(f"shard {path} changed after it was written: its sha256 is {sha}, the run manifest "
                              f"records {info['sha256']}. Delete it and re-run the rollout (it resumes)",
                              shard=str(path))
+        seen.add_loaded(loaded)  # a rollout two shards hold is never published
         mine = datasets.Features.from_arrow_schema(loaded.reader.schema).to_dict()
         if features is not None and mine != features:
             raise ShardError(f"shard {path} has other columns than {shards[0].name}; a run's shards share one schema "
