@@ -27,7 +27,7 @@ INTERESTING_BYTES = [b"\x00", b"\xff", b"\x7f", b"\x80", b"\x00\x00\x00\x00", b"
                      b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\x01\x00\x00\x00", b"\xc3\x28", b"\xed\xa0\x80"]
 REQUIRED = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "prompt", "completion", "info",
             "interaction", "prompt_ids", "completion_ids", "completion_mask", "completion_logprobs",
-            "finish_reason", "num_turns", "provenance", "timings", "created_at")
+            "finish_reason", "truncated", "num_turns", "provenance", "timings", "created_at")
 """Columns the rollout writer never leaves null (a shard holding a null there was not written by it)."""
 
 

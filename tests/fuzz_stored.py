@@ -458,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in commands(draw(args.seed, args.only, root)[0], args.save.resolve(), build_corpus(root)):
             print("hubgym " + " ".join(line))
         return 0
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` runs the cleanup: the child goes too
     first, count = (args.only, 1) if args.only is not None else (args.first, args.mutants)
     outcomes = fuzz(args.seed, count, root, args.out.resolve(), timeout=args.timeout, first=first, progress=True)
     from rich.console import Console

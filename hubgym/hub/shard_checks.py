@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
 REQUIRED = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "prompt", "completion", "info",
             "interaction", "prompt_ids", "completion_ids", "completion_mask", "completion_logprobs",
-            "finish_reason", "truncated", "num_turns")
+            "finish_reason", "truncated", "num_turns", "provenance", "timings", "created_at")
 """Columns hubgym's writer never leaves null (the rest may be null: a failed row has no reward, say)."""
 MAX_JSON_DEPTH = 64
 """Deepest nesting of an `info` value: the deepest a built-in env writes is 6; deeper input would reach
