@@ -9,7 +9,8 @@ tokens a reply: real token ids, logprobs, masks, scores and provenance) is repli
 (new rollout ids and groups, everything else as sampled) and written by hubgym's ShardWriter, then
 pushed with `push_rollouts` to the loopback Hub-API server of the test suite (tests/hub_server.py),
 started by this script on 127.0.0.1 in a child process (`--server thread`: in this process). Side by
-side in one run, each reader from cold caches `--repeats` times, medians reported. The clock starts
+side in one run, each reader from cold caches `--repeats` times (the readers take turns in every round),
+medians reported. The clock starts
 before the source is opened; each reader first reads one row untimed, so one-time imports are left
 out (the first `datasets.IterableDataset` of a process imports torch: 3-5 s here).
 
@@ -187,8 +188,10 @@ def main() -> None:
     for make, _ in readers.values():  # untimed: one-time imports (a datasets IterableDataset imports torch)
         next(iter(make(-1)))
     load_before = os.getloadavg()
-    results = {name: [timed(lambda: make(i), count) for i in range(args.repeats)]
-               for name, (make, count) in readers.items()}
+    results: dict[str, list] = {name: [] for name in readers}
+    for i in range(args.repeats):  # the readers take turns: the machine's load drifts, and turns move them together
+        for name, (make, count) in readers.items():
+            results[name].append(timed(lambda: make(i), count))
     load_after = os.getloadavg()
     stop_server()
 
@@ -221,7 +224,10 @@ def write_results(text: str, args: argparse.Namespace, seed_rows_count: int, loa
             f"{text}```\n\nThe hubgym readers check each shard whole against its sha256 before handing out any of "
             f"its rows, so their time to first row is one shard's transfer; `datasets` starts on a shard's first "
             f"bytes and checks nothing. `open_rollouts` is hubgym's verified reading behind the `datasets` API "
-            f"(datasets calls it once per shard, so it runs without `iter_batches`' prefetch of the next shard).\n\n")
+            f"(datasets calls it once per shard, so it runs without `iter_batches`' prefetch of the next shard). "
+            f"\"checks off\" is the same reader with the per-batch checks of hubgym.hub.shard_checks switched off "
+            f"(bench/unchecked.py: full Arrow validation, the writer's rules, rollout ids across shards): the "
+            f"reading as it was before they ran on every shard, measured in turn with it.\n\n")
     write_section(HEADING, body)
 
 
