@@ -139,9 +139,11 @@ def test_a_rollout_stored_in_two_shards_is_refused_naming_both(good, tmp_path):
         "w000of001-00000.arrow", "w000of001-00001.arrow"]  # the repeating shard's output was removed
 
 
-def test_a_run_given_twice_is_read_once(good):
+def test_a_run_given_twice_is_read_once_and_a_dataset_read_twice_is_no_repeat(good):
     assert len(list(iter_rollouts([good, good]))) == 2 * ROWS_PER_SHARD
     assert summarize(scan_rollouts([good, good / "shards"]))["rollouts"].to_list() == [2 * ROWS_PER_SHARD]
+    dataset = open_rollouts(good)  # its builder keeps the ids it read: the same shards again are no repeat
+    assert len(list(dataset)) == len(list(dataset)) == 2 * ROWS_PER_SHARD
 
 
 def with_rewards(good: Path, folder: Path, rewards: list[float], metric: float | None = None) -> Path:

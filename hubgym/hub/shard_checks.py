@@ -159,9 +159,12 @@ class SeenRollouts:
         self.owner: dict[str, str] = {}
 
     def add(self, shard: str, ids: Iterable[str]) -> None:
-        """Record a shard's rollout ids, or raise ShardError naming the first one read before."""
-        if not self.owner.keys().isdisjoint(ids):
-            clash = min(i for i in ids if i in self.owner)  # the same one named whatever the set's order
+        """Record a shard's rollout ids, or raise ShardError naming the first one another shard held (the same shard
+        read again, a second pass over a dataset, is no repeat)."""
+        ids = list(ids)
+        clashes = [] if self.owner.keys().isdisjoint(ids) else [i for i in ids if self.owner.get(i, shard) != shard]
+        if clashes:
+            clash = min(clashes)  # the same one named whatever the set's order
             raise ShardError(f"shard {shard} repeats rollout {clash!r}, which shard {self.owner[clash]} holds too: a "
                              f"rollout is stored once, and read twice it would count twice; read one of the two "
                              f"runs, or {FIX}", shard=shard)
