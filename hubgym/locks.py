@@ -142,7 +142,7 @@ class BatonWatch:
 
     def _watch(self) -> None:
         since, noted, last = None, False, None
-        while not self._stop.wait(POLL_S):
+        while not self._stop.wait(POLL_S if since is None else 5 * POLL_S):  # /proc is read less while a build runs
             inode = _inode(self.baton)
             if inode is None:
                 since, noted, last = None, False, None

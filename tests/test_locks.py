@@ -75,7 +75,7 @@ def test_a_build_baton_left_by_a_killed_process_is_removed_and_a_live_one_is_nam
     child = holder(f"import os\nfd = os.open({str(baton)!r}, os.O_CREAT | os.O_EXCL)")  # as torch's FileBaton
     assert openers(baton) == [child.pid]
     with BatonWatch(baton, "an op being built") as watch:
-        time.sleep(1.0)  # held by a live process: named, kept
+        time.sleep(2.5)  # held by a live process: named (the watch reads /proc every second then), kept
         assert baton.exists() and not watch.taken_over
         child.send_signal(signal.SIGKILL)
         child.wait()
