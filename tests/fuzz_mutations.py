@@ -322,16 +322,20 @@ def shard_problem(data: bytes, schema: pa.Schema, recorded_rows: int | None, see
     return None
 
 
-def json_problem(data: bytes, original: bytes, keys: tuple[str, ...]) -> str | None:
+def json_problem(data: bytes, original: bytes, keys: tuple[str, ...], *, may_lack: bool = False) -> str | None:
     """Why a JSON file is not valid (None: valid): not UTF-8 JSON (as Python's json reads it: NaN is JSON to it,
     and hubgym writes with it), or one of `keys` (dotted paths to what its readers trust it for: a manifest's shard
-    records, an env manifest's verifier file and sha256) no longer what it was."""
+    records, an env manifest's verifier file and sha256) no longer what it was. `may_lack`: a key gone altogether
+    is valid (a run manifest without `shard_files` records no shard, as the online steps' manifests do: the shards
+    are then read without a recorded sha256, every batch checked all the same)."""
     try:
         value = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         return type(exc).__name__
     before = json.loads(original)
     for key in keys:
+        if may_lack and isinstance(value, dict) and key not in value:
+            continue
         if _at(value, key) != _at(before, key):
             return f"{key} changed"
     return None

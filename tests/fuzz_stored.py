@@ -156,7 +156,7 @@ def _apply(kind: str, name: str, original: bytes, mutation, root: Path, work: Pa
         return _run_problem(work / run, record["shard_files"])
     if kind == "run manifest":
         _replace(work / path, mutation.data)
-        return json_problem(mutation.data, original, ("shard_files",))
+        return json_problem(mutation.data, original, ("shard_files",), may_lack=True)
     repo = REPO if "rollouts" in name else ENV_REPO
     in_repo = Path(*path.parts[6:])  # hub/datasets/org/name/snapshots/<id>/...
     files = {str(in_repo): mutation.data}

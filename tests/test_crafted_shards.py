@@ -146,6 +146,25 @@ def test_a_run_given_twice_is_read_once_and_a_dataset_read_twice_is_no_repeat(go
     assert len(list(dataset)) == len(list(dataset)) == 2 * ROWS_PER_SHARD
 
 
+def test_stored_schema_metadata_is_never_parsed_by_a_reader(good, tmp_path):
+    """The file's own metadata (datasets' `huggingface` features, a field's) is not the rows: damaged, it is
+    ignored by every reader, which reads the rows as the rollout schema types them (the fuzzer found polars
+    tripping on a flipped byte of it)."""
+    run = Path(shutil.copytree(good, tmp_path / "run"))
+    for index, shard in enumerate(sorted((run / "shards").glob("*.arrow"))):
+        table = read_table(shard.read_bytes()).replace_schema_metadata({b"huggingface": b'{"info": {"feat'})
+        at = table.schema.get_field_index("info")
+        table = table.cast(table.schema.set(at, table.schema.field(at).with_metadata({b"ARROWzextension": b""})))
+        rewrite(run, index, write_table(table))
+    for reader, read in READERS.items():
+        if reader == "push_rollouts":  # a push publishes those features (index.json): it names them instead
+            with pytest.raises(ShardError, match="declares `datasets` features that do not parse"):
+                read(run)
+        else:
+            read(run)
+    assert len(open_rollouts(run, streaming=False, cache_dir=tmp_path / "ds")) == 2 * ROWS_PER_SHARD
+
+
 def with_rewards(good: Path, folder: Path, rewards: list[float], metric: float | None = None) -> Path:
     run = Path(shutil.copytree(good, folder))
     first = sorted((run / "shards").glob("*.arrow"))[0]

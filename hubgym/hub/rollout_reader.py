@@ -310,4 +310,6 @@ def _local_features(sources: list[ShardSource]) -> datasets.Features:
                 return datasets.Features.from_arrow_schema(pa.ipc.open_file(f).schema)
         except (pa.ArrowException, OSError):  # a bad shard: the read names it when it gets there
             continue
+        except (ValueError, KeyError, TypeError):  # its `huggingface` schema metadata is not what datasets wrote
+            break
     return ROLLOUT_FEATURES

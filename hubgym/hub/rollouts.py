@@ -105,12 +105,23 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
                              f"records {info['sha256']}. Delete it and re-run the rollout (it resumes)",
                              shard=str(path))
         seen.add_loaded(loaded)  # a rollout two shards hold is never published
-        mine = datasets.Features.from_arrow_schema(loaded.reader.schema).to_dict()
+        mine = _features(loaded.reader.schema, path)
         if features is not None and mine != features:
             raise ShardError(f"shard {path} has other columns than {shards[0].name}; a run's shards share one schema "
                              f"(push re-scored shards as a run of their own)", shard=str(path))
         out[path.name], features = {"sha256": sha, "rows": loaded.rows}, mine
     return out, features or {}
+
+
+def _features(schema, path: Path) -> dict:
+    """The `datasets` features a shard's schema declares (its `huggingface` metadata), published in index.json:
+    ShardError when they do not parse (the metadata is not what datasets wrote)."""
+    try:
+        return datasets.Features.from_arrow_schema(schema).to_dict()
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(f"shard {path} declares `datasets` features that do not parse (its `huggingface` schema "
+                         f"metadata: {type(exc).__name__}: {str(exc)[:120]}); re-run the rollout that wrote it",
+                         shard=str(path)) from None
 
 
 def _check_name(name: str) -> str:

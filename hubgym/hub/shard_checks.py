@@ -175,9 +175,13 @@ class SeenRollouts:
 
 
 def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
-    """A stored batch as readers hand it out: today's column types (`upgrade_batch`), and each reward that is not
-    finite replaced by null with a verifier error naming it, as the rollout loop stores such a reward."""
+    """A stored batch as readers hand it out: today's column types (`upgrade_batch`), none of the file's schema or
+    field metadata (what a library reads from it, datasets' `huggingface` features say, is not checked), and each
+    reward that is not finite replaced by null with a verifier error naming it, as the rollout loop stores one."""
     batch = upgrade_batch(batch)
+    if batch.schema.metadata or any(field.metadata for field in batch.schema):
+        schema = pa.schema([field.remove_metadata() for field in batch.schema])
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
     rewards = batch.column("reward")
     total = pc.sum(rewards).as_py()
     if total is None or math.isfinite(total):  # all null, or all finite (a sum that overflows is looked at below)

@@ -45,19 +45,29 @@ def shard_files(sources: list[str | Path]) -> list[Path]:
     return files
 
 
+REPORT_COLUMNS = ("rollout_id", "env", "group", "reward", "num_turns", "truncated", "metrics", "completion_mask")
+"""What the summaries and the plot read of each row."""
+
+
 def scan_rollouts(sources: list[str | Path], *, skip_bad: bool = False) -> pl.LazyFrame:
-    """The rollout columns of every shard under `sources`, each shard checked first as iter_rollouts checks it
-    (the sha256 its run manifest records, Arrow structure, rollout schema, rows): a bad shard or manifest
-    raises ShardError or ManifestError naming it, or with `skip_bad` a bad shard is left out (one
-    SkippedShardsWarning names it). Extra columns (e.g. re-scoring's) are left out, so any shards concatenate."""
+    """REPORT_COLUMNS of every shard under `sources`, each shard checked first as iter_rollouts checks it (the
+    sha256 its run manifest records, every batch fully validated and held to the writer's rules, rows): a bad
+    shard or manifest raises ShardError or ManifestError naming it, or with `skip_bad` a bad shard is left out
+    (one SkippedShardsWarning names it).
+
+    The rows are scanned lazily by pyarrow (the reader that checked them), as a dataset of those columns with
+    their rollout schema types and no stored metadata: polars never parses a stored file itself, so schema or
+    field metadata that pyarrow ignores cannot trip it. Extra columns (re-scoring's) are left out."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
     from hubgym.hub.rollout_reader import local_shard_sources, verified_shards
     from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 
     shards = local_shard_sources(sources)
     files = [loaded.source.location for loaded in verified_shards(shards, skip_bad=skip_bad)]
-    # relaxed: shards written before replies had `reasoning` hold completion messages without it (read as null);
-    # every other column was checked to have the rollout schema's very type
-    return pl.concat([pl.scan_ipc(f).select(ROLLOUT_SCHEMA.names) for f in files], how="vertical_relaxed")
+    schema = pa.schema([ROLLOUT_SCHEMA.field(name).remove_metadata() for name in REPORT_COLUMNS])
+    return pl.scan_pyarrow_dataset(ds.dataset(files, format="arrow", schema=schema))
 
 
 SCORED = pl.col("reward").is_not_null() & pl.col("reward").is_finite().fill_null(False)
