@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = fuzz(args.seed, count, root, args.out.resolve(), timeout=args.timeout, first=first, progress=True)
     from rich.console import Console
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets the table unwrapped
     console.print(summary_table(outcomes))
     bad = [o for o in outcomes if o["outcome"] in BAD]
     for one in bad[:50]:
