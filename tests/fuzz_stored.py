@@ -443,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0, help="index of the first mutant")
     parser.add_argument("--only", type=int, help="run this one mutant")
     parser.add_argument("--corpus", type=Path, help="corpus folder (built there once, then reused)")
-    parser.add_argument("--out", type=Path, default=Path("fuzz-out"), help="results.jsonl and the children's log")
+    parser.add_argument("--out", type=Path, default=Path("fuzz-out"),
+                        help="outcomes.jsonl (every mutant), summary.json and the children's log")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a mutant may take")
     parser.add_argument("--save", type=Path, help="with --only: leave the mutated copy in this folder")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -470,6 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]{one['outcome']}[/] mutant {one['index']} ({one['kind']} {one['file']}, "
                       f"{one['mutation']}): {one['detail']}", soft_wrap=True)
     (args.out / "summary.json").write_text(json.dumps({o: sum(x["outcome"] == o for x in outcomes) for o in OUTCOMES}))
+    (args.out / "outcomes.jsonl").write_text("".join(json.dumps(o) + "\n" for o in outcomes))  # signals and hangs too
     return 1 if bad else 0
 
 
