@@ -20,8 +20,10 @@ mutant: `hubgym report`, `score` and `replay --model` on the run folders; `score
     traceback        an exception that is not hubgym's one-line error
     signal           the child died of a signal (a crash in native code); the next child goes on after it
     hang             no answer within --timeout seconds
+    fuzzer error     the child died while making the mutant (the fuzzer's own fault, not hubgym's)
 
-The exit code is 1 when any mutant is a traceback, a signal, a silent success or a hang.
+The exit code is 1 when any mutant is anything but a clean error or a valid success. `--out` gets outcomes.jsonl
+(every mutant) and summary.json (the counts).
 """
 
 from __future__ import annotations
