@@ -3,14 +3,14 @@
 Byte mutations work on any file: bit flips, insertions, overwrites, repeated ranges, truncations. Crafted
 mutations rewrite a shard as someone out to break a reader would: rows repeated, non-finite or extreme
 numbers, `info` that is not JSON or is nested 100,000 deep, nulls where the writer never writes one, and
-Arrow arrays whose buffers lie (offsets out of order or past the end, invalid UTF-8, a child array shorter
-than its parent) written with valid IPC framing. Either way the caller then records the mutated shard's
+Arrow arrays whose buffers lie (offsets out of order or out of range, invalid UTF-8) in valid IPC framing.
+Either way the caller then records the mutated shard's
 sha256 (and, for crafted ones, its rows) where the run manifest or index.json keeps them, so the integrity
 check passes and only the readers' own validation stands between the bytes and the code.
 
-The oracle (`shard_is_valid`, `json_is_valid`) is independent of hubgym's readers: pyarrow's full
-validation, the original schema, JSON that Python reads, unique rollout ids, the recorded rows, and the fields the
-writer never leaves null. A command that exits 0 on data the oracle calls invalid is a silent success.
+The oracle (`shard_problem`, `json_problem`) is independent of hubgym's readers: pyarrow's full validation, the
+original schema, JSON that Python reads, unique rollout ids, the recorded rows, and the fields the writer never
+leaves null. A command that exits 0 on data the oracle calls invalid is a silent success.
 """
 
 from __future__ import annotations
