@@ -8,7 +8,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup sandbox browser
+.PHONY: demo test setup sandbox browser ops
 
 demo: setup
 	$(BIN)/hubgym demo
@@ -16,7 +16,7 @@ demo: setup
 test: setup
 	$(BIN)/pytest -n 2 -q
 
-setup: $(VENV)/.installed sandbox browser
+setup: $(VENV)/.installed sandbox browser ops
 
 # Reinstalled when pyproject.toml changes; the stamp file records the last install.
 $(VENV)/.installed: pyproject.toml
@@ -42,3 +42,8 @@ browser:
 	  || (command -v apt-get >/dev/null 2>&1 && apt-get update && apt-get install -y chromium) \
 	  || echo "warning: chromium is missing and could not be installed with apt-get;" \
 	          "the tests of \`hubgym view\` need it: install the 'chromium' package"
+
+# DeepSpeed's CPU op (its shared-memory comm op, about 80 s to compile once; cached in ~/.cache/hubgym, or
+# $TORCH_EXTENSIONS_DIR): built here, so no run pays for it or waits on a build someone else started.
+ops: $(VENV)/.installed
+	$(BIN)/python -m hubgym.train.ops

@@ -24,7 +24,6 @@ import resource
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 BATCH = 64
 

@@ -20,6 +20,12 @@ turns keep the ratios fair), after one warm-up of each re-score; medians shown:
   what a one-process re-score can reach at best, since the contract's Python objects must be built;
 - hubgym: `rescore(run)` in one process, over every core, and in one process writing the new
   shards; each reads the shards, decodes the rows, scores them and builds the new columns;
+- hubgym, checks off: `rescore(run)` in one process with the per-batch checks of hubgym.hub.shard_checks
+  switched off (bench/unchecked.py): the reading as it was before every batch was fully validated, so
+  "checks' cost" is what that validation costs a re-score (1 - checked rows/s / unchecked rows/s);
+- checks alone: `check_batch` over every batch of the mapped shards and nothing else; "checks' share" is the
+  share of a one-process re-score's time they take (hubgym 1 proc rows/s over checks alone rows/s), a
+  steadier measure of the same cost than the difference of two noisy rates;
 - verifiers, in a process of its venv, shard by shard as hubgym streams them: read a shard
   (column-wise, as hubgym does), build one State per row, then `Rubric.score_group(states)` (0.3.1
   has no `score_rollouts`; score_group is its batch scoring call). The Rubric holds one reward function
@@ -139,10 +145,33 @@ def rates(run: Path, env: str, out: Path, repeats: int) -> dict[str, float]:
             raise RuntimeError(f"{run}: a re-score with the same verifier changed {result.changed} rows")
         return result.rows_per_s
 
+    def unchecked() -> float:
+        from unchecked import checks_off
+
+        with checks_off():
+            return rescored(1, None)
+
+    def checks_alone() -> float:
+        """Rows/s of the per-batch checks alone (check_batch over every batch of the mapped shards)."""
+        import pyarrow as pa
+
+        from hubgym.hub.shard_checks import check_batch
+
+        started, rows = time.perf_counter(), 0
+        for path in paths:
+            reader = pa.ipc.open_file(pa.memory_map(str(path)))
+            ids: set[str] = set()
+            for i in range(reader.num_record_batches):
+                batch = reader.get_batch(i)
+                check_batch(batch, path.name, rows, ids)
+                rows += batch.num_rows
+        return rows / (time.perf_counter() - started)
+
     cores = os.cpu_count()
-    ways = {"alone": lambda: reward_code_rate(paths, env, verifier),
+    ways = {"alone": lambda: reward_code_rate(paths, env, verifier), "checks": checks_alone,
             "bare": lambda: decode_and_score_rate(paths, verifier),
-            "one": lambda: rescored(1, None), "all": lambda: rescored(cores, None), "write": lambda: rescored(1, out)}
+            "one": lambda: rescored(1, None), "unchecked": unchecked, "all": lambda: rescored(cores, None),
+            "write": lambda: rescored(1, out)}
     rescored(1, None), rescored(cores, None)
     measured: dict[str, list[float]] = {key: [] for key in ways}
     for _ in range(repeats):
@@ -339,8 +368,9 @@ def measure(tmp: Path, args):
         runs.append((f"{env} (vLLM run)", env, vllm_run(tmp / "vllm", args.vllm_env, args.vllm_tasks, args.n)))
     cores = os.cpu_count()
     columns = ["env", "rows", "reward code alone", "decode + score only", "hubgym 1 proc", f"hubgym {cores} procs",
-               "hubgym 1 proc + write", "decode + score only / reward code alone",
-               "hubgym / reward code alone (1 proc)", "fixed (ms)"]
+               "hubgym 1 proc + write", "hubgym 1 proc, checks off", "checks' cost", "checks alone",
+               "checks' share of 1 proc",
+               "decode + score only / reward code alone", "hubgym / reward code alone (1 proc)", "fixed (ms)"]
     if not args.no_verifiers:
         columns += ["verifiers read + score", "verifiers score only", "hubgym / verifiers (1 proc; best)"]
     table = Table(*columns, title="re-scoring stored rollouts: rows/s (median of repeats)")
@@ -350,7 +380,9 @@ def measure(tmp: Path, args):
         fixed = fixed_seconds(tmp / "one" / label.replace(" ", "_"), env, args.repeats)
         rows = sum(1 for _ in iter_rows(run))
         cells = [label, f"{rows:,}", f"{alone:,.0f}", f"{bare:,.0f}", f"{ours['one']:,.0f}", f"{ours['all']:,.0f}",
-                 f"{ours['write']:,.0f}", f"{bare / alone:.2f}x", f"{ours['one'] / alone:.2f}x", f"{fixed * 1000:.1f}"]
+                 f"{ours['write']:,.0f}", f"{ours['unchecked']:,.0f}", f"{1 - ours['one'] / ours['unchecked']:.0%}",
+                 f"{ours['checks']:,.0f}", f"{ours['one'] / ours['checks']:.0%}",
+                 f"{bare / alone:.2f}x", f"{ours['one'] / alone:.2f}x", f"{fixed * 1000:.1f}"]
         if not args.no_verifiers:
             theirs = verifiers_rates(args.verifiers_python, run, env, args.repeats)
             best = max(ours["one"], ours["all"])

@@ -9,7 +9,8 @@ tokens a reply: real token ids, logprobs, masks, scores and provenance) is repli
 (new rollout ids and groups, everything else as sampled) and written by hubgym's ShardWriter, then
 pushed with `push_rollouts` to the loopback Hub-API server of the test suite (tests/hub_server.py),
 started by this script on 127.0.0.1 in a child process (`--server thread`: in this process). Side by
-side in one run, each reader from cold caches `--repeats` times, medians reported. The clock starts
+side in one run, each reader from cold caches `--repeats` times (the readers take turns in every round),
+medians reported. The clock starts
 before the source is opened; each reader first reads one row untimed, so one-time imports are left
 out (the first `datasets.IterableDataset` of a process imports torch: 3-5 s here).
 
@@ -18,7 +19,10 @@ out (the first `datasets.IterableDataset` of a process imports torch: 3-5 s here
 - hub, hubgym `open_rollouts`: the same reading as a `datasets.IterableDataset`;
 - hub, plain `datasets.load_dataset(REPO, RUN, streaming=True)`: the card's YAML, no verification;
 - local folder: the same shards on disk, read by hubgym (`iter_batches`, `iter_rollouts`) and by
-  `datasets.load_dataset("arrow", data_files=..., streaming=True)`.
+  `datasets.load_dataset("arrow", data_files=..., streaming=True)`;
+- "checks off": hubgym's `iter_batches` and `iter_rollouts` with the per-batch checks of
+  hubgym.hub.shard_checks switched off (bench/unchecked.py): the reading as it was before every batch of
+  every shard was fully validated, side by side with it (the sha256 is checked either way).
 
 "sustained rows/s" counts the rows after the first, over the time after the first row.
 """
@@ -153,15 +157,30 @@ def main() -> None:
     def hub(i: int, name: str) -> HfHub:
         return HfHub(endpoint=url, cache_dir=tmp / f"{name}-{i}")
 
+    from unchecked import checks_off
+
+    def unchecked(read):
+        """A reader run with the checks off, for all of its rows (a generator: the switch stays on while it runs)."""
+        def rows(i: int):
+            with checks_off():
+                yield from read(i)
+        return rows
+
     one, batch_rows = (lambda _: 1), (lambda b: b.num_rows)
     readers = {
         "hub · hubgym iter_batches": (lambda i: iter_batches(pushed.ref, hub=hub(i, "b")), batch_rows),
+        "hub · hubgym iter_batches, checks off": (unchecked(lambda i: iter_batches(pushed.ref, hub=hub(i, "B"))),
+                                                  batch_rows),
         "hub · hubgym iter_rollouts": (lambda i: iter_rollouts(pushed.ref, hub=hub(i, "r")), one),
+        "hub · hubgym iter_rollouts, checks off": (unchecked(lambda i: iter_rollouts(pushed.ref, hub=hub(i, "R"))),
+                                                   one),
         "hub · hubgym open_rollouts (datasets)": (lambda i: open_rollouts(pushed.ref, hub=hub(i, "o")), one),
         "hub · datasets load_dataset(REPO, RUN)": (lambda i: datasets.load_dataset(
             "org/rollouts", "run", split="train", streaming=True, cache_dir=str(tmp / f"ds-{i}")), one),
         "local · hubgym iter_batches": (lambda i: iter_batches(run), batch_rows),
+        "local · hubgym iter_batches, checks off": (unchecked(lambda i: iter_batches(run)), batch_rows),
         "local · hubgym iter_rollouts": (lambda i: iter_rollouts(run), one),
+        "local · hubgym iter_rollouts, checks off": (unchecked(lambda i: iter_rollouts(run)), one),
         "local · datasets load_dataset(arrow)": (lambda i: datasets.load_dataset(
             "arrow", data_files=[str(p) for p in shards], split="train", streaming=True,
             cache_dir=str(tmp / f"dl-{i}")), one),
@@ -169,8 +188,10 @@ def main() -> None:
     for make, _ in readers.values():  # untimed: one-time imports (a datasets IterableDataset imports torch)
         next(iter(make(-1)))
     load_before = os.getloadavg()
-    results = {name: [timed(lambda: make(i), count) for i in range(args.repeats)]
-               for name, (make, count) in readers.items()}
+    results: dict[str, list] = {name: [] for name in readers}
+    for i in range(args.repeats):  # the readers take turns: the machine's load drifts, and turns move them together
+        for name, (make, count) in readers.items():
+            results[name].append(timed(lambda: make(i), count))
     load_after = os.getloadavg()
     stop_server()
 
@@ -203,7 +224,10 @@ def write_results(text: str, args: argparse.Namespace, seed_rows_count: int, loa
             f"{text}```\n\nThe hubgym readers check each shard whole against its sha256 before handing out any of "
             f"its rows, so their time to first row is one shard's transfer; `datasets` starts on a shard's first "
             f"bytes and checks nothing. `open_rollouts` is hubgym's verified reading behind the `datasets` API "
-            f"(datasets calls it once per shard, so it runs without `iter_batches`' prefetch of the next shard).\n\n")
+            f"(datasets calls it once per shard, so it runs without `iter_batches`' prefetch of the next shard). "
+            f"\"checks off\" is the same reader with the per-batch checks of hubgym.hub.shard_checks switched off "
+            f"(bench/unchecked.py: full Arrow validation, the writer's rules, rollout ids across shards): the "
+            f"reading as it was before they ran on every shard, measured in turn with it.\n\n")
     write_section(HEADING, body)
 
 

@@ -79,7 +79,7 @@ def export_tasks(spec: str, limit: int, split: str = "test") -> list[dict[str, A
 
 def run_hubgym(spec: str, mode: str, concurrency: int, seed: int, args: argparse.Namespace, base_url: str,
                model: str, out: Path, tasks: int) -> dict:
-    from hubgym.rollout import OpenAIEngine, RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 
     config = RolloutConfig(envs=[spec], model=model, out=str(out), engine="openai", base_url=base_url, mode=mode,
                            n=args.n, limit=tasks, split=args.split,

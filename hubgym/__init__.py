@@ -25,6 +25,7 @@ _EXPORTS: dict[str, str] = {
     "validate_tasks": "hubgym.schemas", "validate_rollouts": "hubgym.schemas",
     # builders
     "TaskBuilder": "hubgym.builders", "TaskConfig": "hubgym.builders", "env_names": "hubgym.builders",
+    "distinct": "hubgym.builders",
     # envs: opening any env, building and pushing it
     "open_env": "hubgym.envs", "OpenedEnv": "hubgym.envs", "resolve_env": "hubgym.envs", "load_env": "hubgym.envs",
     "build_tasks": "hubgym.envs", "build_files": "hubgym.envs", "push_env": "hubgym.envs",

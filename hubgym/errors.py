@@ -179,6 +179,25 @@ class ContextLengthError(HubgymError, ValueError):
         super().__init__(message, asked=asked, limit=limit)
 
 
+class SettingError(HubgymError, ValueError):
+    """A numeric setting outside what it can mean (NaN, infinity, a negative temperature); `setting` names it and
+    the message gives the value and the fix."""
+
+    def __init__(self, message: str, setting: str | None = None):
+        self.setting = setting
+        super().__init__(message, setting=setting)
+
+
+class NonFiniteTrainingError(HubgymError, ArithmeticError):
+    """Training reached a number that is not finite (a loss, a gradient norm or a weight): the run stopped before
+    that step was checkpointed, synced into vLLM or exported, and `step` says where; the message says what to
+    change (the learning rate, clipping, the data) before resuming from the last checkpoint."""
+
+    def __init__(self, message: str, step: int | None = None):
+        self.step = step
+        super().__init__(message, step=step)
+
+
 class SkippedShardsWarning(UserWarning):
     """Bad shards were skipped (`skip_bad=True`): the message counts and names them; the other shards were read."""
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import string
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,10 +35,32 @@ GSM8K_REGEX = r"####\s*(.+)$"
 
 
 def check_source(splits: dict[str, datasets.Dataset], spec: "WrapSpec") -> None:
-    """Every split: its columns, then its rows."""
+    """Every split: its columns, their Arrow data, then its rows."""
     for split, rows in splits.items():
         check_columns(rows, spec, split)
+        check_arrow(rows, spec, split)
         check_values(rows, spec, split)
+
+
+def check_arrow(rows: datasets.Dataset, spec: "WrapSpec", split: str) -> None:
+    """The columns the env reads hold valid Arrow data: a JSON Lines or CSV file that is not UTF-8 loads into
+    string columns that are not valid UTF-8 (datasets does not check), and reading a value of them would fail."""
+    from hubgym.hub.shard_checks import first_invalid_row
+
+    table = rows.data.table
+    for column in columns_of(spec):
+        start = 0
+        for chunk in table.column(column).chunks:
+            try:
+                chunk.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                utf8 = "utf8" in str(exc).lower().replace("-", "")
+                what = "text that is not UTF-8" if utf8 else f"data Arrow cannot read ({str(exc).splitlines()[0]:.160})"
+                row = f"row {start + first_invalid_row(chunk)}"
+                raise EnvContractError(f"the column holds {what}", spec.where(split, row, column),
+                                       "save the source files as UTF-8 (e.g. iconv -f latin1 -t utf-8), then wrap "
+                                       "again") from None
+            start += len(chunk)
 
 
 def limit_rows(rows: datasets.Dataset, spec: "WrapSpec", split: str) -> datasets.Dataset:
@@ -67,8 +91,34 @@ def gold_of(answer: Any, spec: "WrapSpec", pattern: re.Pattern | None) -> str | 
         return LETTERS[answer] if isinstance(answer, int) else str(answer).strip().upper()
     if pattern is None:
         return str(answer).strip()
-    match = pattern.search(str(answer))
+    match = bounded_search(pattern, str(answer))
     return None if match is None else (match.group(1) if pattern.groups else match.group(0)).strip()
+
+
+REGEX_LIMIT_S = 2.0
+"""Longest one search of --answer-regex may take: microseconds for any regex that does not backtrack."""
+
+
+class RegexTimeout(Exception):
+    """A search of --answer-regex ran past REGEX_LIMIT_S (raised from a timer signal; re checks for signals)."""
+
+
+def bounded_search(pattern: re.Pattern, text: str) -> re.Match | None:
+    """`pattern.search(text)`, stopped after REGEX_LIMIT_S (RegexTimeout): a regex such as `(a+)+$` backtracks
+    for hours on a long answer. The limit is a timer signal, so it holds in the main thread (where the CLI runs
+    it); elsewhere the search runs unbounded."""
+    if threading.current_thread() is not threading.main_thread():
+        return pattern.search(text)
+
+    def stop(signum, frame):
+        raise RegexTimeout()
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, REGEX_LIMIT_S)
+    try:
+        return pattern.search(text)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def local_files_hold_no_rows(dataset: str) -> bool:
@@ -153,7 +203,13 @@ def check_values(rows: datasets.Dataset, spec: "WrapSpec", split: str) -> None:
         if spec.reward == "choice":
             _check_choice(values[1], answer, where, spec)
             continue
-        gold = gold_of(answer, spec, pattern)
+        try:
+            gold = gold_of(answer, spec, pattern)
+        except RegexTimeout:
+            raise EnvContractError(f"--answer-regex {spec.answer_regex!r} ran for more than {REGEX_LIMIT_S:g} s on "
+                                   f"the answer {_short(answer)} and was stopped", where(spec.answer),
+                                   "write a regex that cannot backtrack that much: no quantifier inside another "
+                                   "((a+)+, (a*)*, (a|aa)+), anchor what you can") from None
         if gold is None:
             raise EnvContractError(f"--answer-regex {spec.answer_regex!r} does not match the answer "
                                    f"{_short(answer)}", where(spec.answer),

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -105,7 +106,7 @@ class WrapSpec:
                                        "e.g. '####\\s*(.+)$'") from None
         if self.limit is not None and self.limit < 1:
             raise EnvContractError(f"--limit is {self.limit}", self.where(field="--limit"), "give --limit >= 1")
-        if self.tolerance < 0:
+        if not (math.isfinite(self.tolerance) and self.tolerance >= 0):  # NaN would match nothing, inf everything
             raise EnvContractError(f"--tolerance is {self.tolerance}", self.where(field="--tolerance"),
                                    "give a relative tolerance >= 0, e.g. 1e-6")
         check_out_folder(self)

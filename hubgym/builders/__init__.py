@@ -13,6 +13,7 @@ _EXPORTS: dict[str, str] = {
     "TaskBuilder": "hubgym.builders.base", "TaskConfig": "hubgym.builders.base", "split_seed": "hubgym.builders.base",
     "build_files": "hubgym.envs.build", "build_tasks": "hubgym.envs.build",
     "make_builder": "hubgym.envs.build",
+    "distinct": "hubgym.builders.base",
     "BUILTIN_ENVS": "hubgym.builders.registry", "env_names": "hubgym.builders.registry",
     "resolve_env": "hubgym.builders.registry",
 }

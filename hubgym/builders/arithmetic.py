@@ -26,7 +26,7 @@ import random
 from dataclasses import dataclass
 from typing import Iterator
 
-from hubgym.builders.base import TaskBuilder, TaskConfig
+from hubgym.builders.base import TaskBuilder, TaskConfig, distinct
 from hubgym.schemas import Task, make_task, system, user
 
 SYSTEM = "Solve the arithmetic problem. Reply with the final integer inside <answer></answer>."
@@ -66,12 +66,8 @@ class Arithmetic(TaskBuilder):
         if self.config.held_out:
             yield from self._held_out_split(split, size, seed)
             return
-        rng, seen = random.Random(seed), set()
-        while len(seen) < size:
-            expression = self._expression(rng)
-            if expression in seen:
-                continue
-            seen.add(expression)
+        rng = random.Random(seed)
+        for expression in distinct(lambda: self._expression(rng), size):  # no task twice; ends if the space is spent
             yield self._task(expression)
 
     def _task(self, expression: str) -> Task:

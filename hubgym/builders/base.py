@@ -22,7 +22,7 @@ import inspect
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, Callable, ClassVar, Hashable, Iterator, TypeVar
 
 import datasets
 
@@ -30,6 +30,8 @@ from hubgym.errors import EnvContractError, VerifierLoadError, Where
 from hubgym.schemas.tasks import TASK_COLUMNS, TASK_FEATURES, Kind, Task
 from hubgym.verifiers.contract import Verifier, load_verifier
 from hubgym.verifiers.golden import GoldenCase, load_golden
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -167,6 +169,34 @@ def _located(rows: Iterator[Task], where: Where) -> Iterator[Task]:
 def split_seed(seed: int, split: str) -> int:
     """A per-split seed, so train and test draw different tasks from the same config seed."""
     return int.from_bytes(hashlib.sha256(f"{seed}:{split}".encode()).digest()[:4], "big")
+
+
+SPENT = 100_000
+"""Draws in a row that bring no new task, after which `distinct` takes the task space to be spent."""
+
+
+def distinct(draw: Callable[[], T], size: int, *, key: Callable[[T], Hashable] | None = None,
+             keep: Callable[[T], bool] | None = None) -> Iterator[T]:
+    """Up to `size` draws that differ (by `key`, default the draw itself; `keep` turns others away), in the order
+    drawn: a split that never repeats a task. After SPENT draws in a row that bring nothing new the task space is
+    spent and the split ends there, smaller than `size` (10**12 tasks asked of a space of 400 end at 400 instead
+    of drawing forever).
+
+        rng = random.Random(seed)
+        for a, b in distinct(lambda: (rng.randint(0, 99), rng.randint(0, 99)), size):
+            yield make_task(...)
+    """
+    seen: set[Hashable] = set()
+    misses = 0
+    while len(seen) < size and misses < SPENT:
+        item = draw()
+        name = item if key is None else key(item)
+        if name in seen or (keep is not None and not keep(item)):
+            misses += 1
+            continue
+        seen.add(name)
+        misses = 0
+        yield item
 
 
 def _check_row(row: Any, where: Where) -> None:

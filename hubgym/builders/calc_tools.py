@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
-from hubgym.builders.base import TaskBuilder, TaskConfig
+from hubgym.builders.base import TaskBuilder, TaskConfig, distinct
 from hubgym.errors import EnvContractError, Where
 from hubgym.schemas import Task, interaction, make_task, system, user
 from hubgym.verifiers.calc_tools import MAX_REWARDED_CALLS, TOOL_REWARD
@@ -130,12 +130,11 @@ class CalcTools(TaskBuilder):
                            tool_rewards=[{"tool": tool, "reward": TOOL_REWARD, "max_calls": MAX_REWARDED_CALLS}])
         prompt_head = [system(SYSTEM.format(tool=tool))]
         kinds = GENERATORS[tool]
-        rng, seen = random.Random(seed), set()
-        while len(seen) < size:
+        rng = random.Random(seed)
+
+        def draw() -> tuple[str, str, Any]:
             kind = rng.choice(sorted(kinds))
-            question, answer = kinds[kind](rng)
-            if question in seen:
-                continue
-            seen.add(question)
+            return kind, *kinds[kind](rng)
+        for kind, question, answer in distinct(draw, size, key=lambda drawn: drawn[1]):  # no question twice
             yield make_task(self.ENV, [*prompt_head, user(question)], {"kind": kind, "answer": str(answer)}, spec,
                             difficulty=self.config.name, tags=[kind])

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from hubgym.builders.base import TaskBuilder, TaskConfig
+from hubgym.builders.base import TaskBuilder, TaskConfig, distinct
 from hubgym.schemas import Task, interaction, make_task, system, user
 from hubgym.tools.retail import REASONS, apply
 
@@ -68,14 +68,14 @@ class Retail(TaskBuilder):
     ]
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:
-        rng, seen = random.Random(seed), set()
+        rng = random.Random(seed)
         spec = interaction("tool_use", max_turns=self.config.max_turns, tools=self.TOOLS)
-        while len(seen) < size:
+
+        def draw() -> Task:
             prompt, info = _draw_task(rng, self.config.goals)
-            row = make_task(self.ENV, prompt, info, spec, difficulty=self.config.name, tags=[g["kind"] for g in info["goals"]])
-            if row["id"] not in seen:
-                seen.add(row["id"])
-                yield row
+            return make_task(self.ENV, prompt, info, spec, difficulty=self.config.name,
+                             tags=[g["kind"] for g in info["goals"]])
+        yield from distinct(draw, size, key=lambda row: row["id"])  # no task twice; ends if the space is spent
 
 
 def _draw_task(rng: random.Random, goals: int) -> tuple[list, dict[str, Any]]:

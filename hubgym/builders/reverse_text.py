@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from hubgym.builders.base import TaskBuilder, TaskConfig
+from hubgym.builders.base import TaskBuilder, TaskConfig, distinct
 from hubgym.errors import EnvContractError, Where
 from hubgym.schemas import Task, make_task, system, user
 
@@ -61,12 +61,8 @@ class ReverseText(TaskBuilder):
 
     def generate_tasks(self, split: str, size: int, seed: int) -> Iterator[Task]:
         self._check(split, size)
-        rng, seen = random.Random(seed), set()
-        while len(seen) < size:
-            text = self._text(rng)
-            if text in seen or held_out(text) == (split == "train"):
-                continue
-            seen.add(text)
+        rng = random.Random(seed)
+        for text in distinct(lambda: self._text(rng), size, keep=lambda text: held_out(text) != (split == "train")):
             yield make_task(self.ENV, [system(SYSTEM), user(f"Reverse this text: {text}")],
                             {"text": text, "target": text[::-1]}, difficulty=self.config.name)
 

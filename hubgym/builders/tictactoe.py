@@ -62,7 +62,7 @@ def draw_openings(pool: dict[int, list[tuple[int, ...]]], size: int, rng: random
     """Distinct openings, taking lengths in turn so that the few short ones are not swamped by 3-move ones."""
     queues = [rng.sample(group, len(group)) for _, group in sorted(pool.items())]
     drawn: list[tuple[int, ...]] = []
-    while len(drawn) < size:
+    while len(drawn) < size and any(queues):  # every opening drawn: the split ends, smaller than `size`
         for queue in queues:
             if queue and len(drawn) < size:
                 drawn.append(queue.pop())

@@ -6,6 +6,7 @@ one red message and exit with code 1; a traceback means a bug in hubgym or in th
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
@@ -47,10 +48,20 @@ def user_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG and not isinstance(exc, HubgymError):
+                fail(f"{exc.filename!s:.80}...: the name is too long for this system (each part of a path may hold "
+                     f"{_name_max()} bytes); give a shorter path, repo id or revision")
             if not isinstance(exc, HubgymError) and not _failed_dataset_build(exc):
                 raise
             fail(error_text(exc))
     return run
+
+
+def _name_max() -> int:
+    try:
+        return os.pathconf(".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 def _failed_dataset_build(exc: Exception) -> bool:
@@ -62,7 +73,11 @@ def _failed_dataset_build(exc: Exception) -> bool:
 @app.callback()
 def _quiet_datasets() -> None:
     """datasets' own progress bars and logs would interleave with ours (set without importing datasets: commands
-    that list or read only never load it)."""
+    that list or read only never load it). A wait on one of its cache locks longer than a few seconds names the
+    lock and its holder (hubgym.files.locks)."""
+    from hubgym.files.locks import library_lock_notes
+
+    library_lock_notes()
     if "datasets" in sys.modules:
         import datasets
 

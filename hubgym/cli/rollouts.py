@@ -22,6 +22,9 @@ from hubgym.cli.app import (HUB_HELP, SKIP_BAD_HELP, Verbose, app, console, fail
 from hubgym.envs.pins import PIN_HELP, parse_pins
 
 
+MAX_MIX_TASKS = 1_000_000  # tasks a --mix run draws (and holds) up front: about 1-5 KB each
+
+
 class EngineKind(str, Enum):
     vllm = "vllm"
     openai = "openai"
@@ -105,6 +108,9 @@ def rollout(
         fail("--mix draws --tasks N tasks from the mixture: give --tasks N (and no --limit, which is per env)")
     if tasks is not None and mix is None:
         fail("--tasks N is the number of tasks drawn from a mixture: give --mix SPEC too, or use --limit per env")
+    if tasks is not None and tasks > MAX_MIX_TASKS:  # drawn before sampling starts: 10^12 of them never would be
+        fail(f"--tasks {tasks:,}: a mixture run draws its tasks before it samples, at most {MAX_MIX_TASKS:,}; sample "
+             f"more as several runs (another --seed each) into their own --out folders")
     if mix is not None:
         from hubgym.mixture import load_spec
 
@@ -112,12 +118,16 @@ def rollout(
     on_ray = ray or ray_address is not None
     check_ray_options(on_ray, workers, shard_index, num_shards)
     template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads
-    from hubgym.models import FALLBACK_CONTEXT, context_length, resolve_model
+    from hubgym.models import FALLBACK_CONTEXT, LOCAL_NAMES, context_length, resolve_model
     from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
 
     if engine == EngineKind.openai:  # the model is a name the server knows; its limit is the server's
         if not base_url:
             fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: see the README)")
+        if model in LOCAL_NAMES:  # the folder hubgym made here: the server serves it, its tokenizer is here
+            model = resolve_model(model, setting="--model")
+        elif mode in ("tokens", "chat_tokens"):  # token-in: the model's tokenizer must load here, offline too
+            resolve_model(model, setting="--model", needs=("tokenizer_config.json", "tokenizer.json"))
         max_model_len = max_model_len or FALLBACK_CONTEXT
     else:
         model = resolve_model(model, setting="--model")
@@ -209,10 +219,16 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
     """Summarize stored rollouts per env (rewards, pass@1, pass@k, answer-format and tool-call parse failures,
     turns, truncation, errors) + a PNG of reward counts, rates and components."""
     from hubgym.rollout import plot_rewards, scan_rollouts, summarize
+    from hubgym.rollout.report import non_finite_rewards
 
     with skipped_shards_noted():  # each shard is checked as iter_rollouts checks it
         rollouts = scan_rollouts(sources, skip_bad=skip_bad)
     console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
+    for bad in non_finite_rewards(rollouts).iter_rows(named=True):
+        console(stderr=True).print(Text(f"note: {bad['rows']} row(s) of {bad['env']} store a reward that is not a "
+                                        f"finite number ({', '.join(bad['values'])}; the first: rollout "
+                                        f"{bad['first']!r}): counted in errors, left out of every reward column",
+                                        style="yellow"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"
     console().print(Text(f"plot: {plot_rewards(rollouts, target, k)}"), soft_wrap=True)
 

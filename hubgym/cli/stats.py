@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -69,8 +71,8 @@ def parse_thresholds(items: list[str] | None) -> dict[str, float]:
             out[env] = float(value)
         except ValueError:
             eq = ""
-        if not eq or not env:
-            raise typer.BadParameter(f"--threshold {item!r}: write ENV=X, e.g. arithmetic=1.0")
+        if not eq or not env or not math.isfinite(out.get(env, 0.0)):
+            raise typer.BadParameter(f"--threshold {item!r}: write ENV=X with a finite number X, e.g. arithmetic=1.0")
     return out
 
 

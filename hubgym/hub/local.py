@@ -17,7 +17,6 @@ is the sha1 of the record (parent, tree, message, date), as git derives ids from
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -126,13 +125,12 @@ class LocalHub(HubBackend):
 
     @contextmanager
     def _locked(self, folder: Path) -> Iterator[None]:
-        """One committer per repo at a time (readers never lock: what they read is immutable)."""
-        with open(folder / ".lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        """One committer per repo at a time (readers never lock: what they read is immutable). An flock: a killed
+        committer's dies with it; a wait of more than a few seconds names the committer (hubgym.files.locks)."""
+        from hubgym.files.locks import exclusive
+
+        with exclusive(folder / ".lock", f"a commit to {folder.relative_to(self.root)} by another process"):
+            yield
 
     def _commit_locked(self, folder: Path, files: Mapping[str, FileSource], message: str, *, replace: bool) -> str:
         shutil.rmtree(folder / "tmp", ignore_errors=True)  # we hold the lock: anything staged there is abandoned

@@ -142,7 +142,7 @@ def config_files(manifest: dict, ref: str, config: str | None, split: str | None
 # -- the JSON files of rollout runs: manifest-*.json (writer, re-scoring), index.json (push) -----------
 
 RUN_MANIFEST_FIX = ("restore it from a copy (a pushed run holds it as RUN/manifest-*.json), or delete it: the shards "
-                    "are then checked by full Arrow validation instead of by their recorded sha256")
+                    "are then checked without a recorded sha256 (every batch is fully validated either way)")
 INDEX_FIX = "push the run again (`hubgym push-rollouts RUN_DIR REPO` rewrites index.json)"
 _SHARD_FILE = re.compile(r"[A-Za-z0-9][\w.-]*\.arrow")
 _SHA256 = re.compile(r"[0-9a-f]{64}")

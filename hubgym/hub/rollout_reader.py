@@ -30,6 +30,7 @@ from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardErr
 from hubgym.hub.base import HubBackend, check_name, parse_ref
 from hubgym.hub.factory import get_hub
 from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
+from hubgym.hub.shard_checks import SeenRollouts
 from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, fetch_or_error, open_or_error
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema
 
@@ -47,7 +48,8 @@ def parse_rollout_ref(ref: str) -> tuple[str, str | None, str | None]:
 
 
 def shard_sources(source: Source, *, hub: HubSpec = None) -> list[ShardSource]:
-    """Every shard of a source, with the sha256 and rows recorded for it (where something recorded them)."""
+    """Every shard of a source, with the sha256 and rows recorded for it (where something recorded them); a shard
+    that two of the sources hold (a run given twice) once."""
     return _collect(source, hub)[0]
 
 
@@ -55,7 +57,8 @@ def _collect(source: Source, hub: HubSpec) -> tuple[list[ShardSource], dict | No
     """(shards, the features a hub run recorded for them, if the first source is a hub run)."""
     if isinstance(source, (list, tuple)):
         parts = [_collect(one, hub) for one in source]
-        return [s for shards, _ in parts for s in shards], parts[0][1] if parts else None
+        shards = {_where(s): s for shards, _ in parts for s in shards}  # a file read once (dicts keep their order)
+        return list(shards.values()), parts[0][1] if parts else None
     path = Path(source)
     if path.exists():
         return _local_sources(path), None
@@ -68,13 +71,18 @@ def _collect(source: Source, hub: HubSpec) -> tuple[list[ShardSource], dict | No
         raise NoShardsError(f"{source} is not a folder or file here, nor a rollout repo: {exc}") from None
 
 
+def _where(shard: ShardSource) -> str:
+    """What tells two shard files apart: a URL, or a local file's real path."""
+    return shard.location if shard.remote else os.path.realpath(shard.location)
+
+
 def local_shard_sources(paths: Sequence[str | os.PathLike]) -> list[ShardSource]:
     """The shards of local run folders and shard files (never a hub ref: a missing path is NoShardsError)."""
     for path in map(Path, paths):
         if not path.exists():
             raise NoShardsError(f"{path} does not exist; give a run folder written by `hubgym rollout` or its "
                                 f"shard files")
-    return [s for path in paths for s in _local_sources(Path(path))]
+    return list({_where(s): s for path in paths for s in _local_sources(Path(path))}.values())
 
 
 def _local_sources(path: Path) -> list[ShardSource]:
@@ -164,14 +172,22 @@ def decode_row(row: dict[str, Any], shard: str | None = None) -> dict[str, Any]:
 
 
 def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad: bool = False,
-                    counts: dict | None = None, whole_read: bool = True) -> Iterator[LoadedShard]:
+                    counts: dict | None = None, whole_read: bool = True,
+                    seen: SeenRollouts | None = None) -> Iterator[LoadedShard]:
     """Each shard loaded and checked (see load_shard), in order; a bad one raises its ShardError, or with
     `skip_bad` is left out and named in one SkippedShardsWarning at the end (NoShardsError when every one is and
     `sources` is the `whole_read`, not one worker's part of it). This is the one way hubgym
-    reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it."""
+    reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it.
+    A shard holding a rollout id that an earlier one of the read held (or of `seen`'s reads) is a bad shard too."""
     counts = counts if counts is not None else {}
     bad: list[str] = []
+    seen = seen if seen is not None else SeenRollouts()
     for source, loaded in _prefetched(sources, verify):
+        if verify and isinstance(loaded, LoadedShard):
+            try:
+                seen.add_loaded(loaded)
+            except ShardError as exc:
+                loaded = exc
         if isinstance(loaded, ShardError):
             if not skip_bad:
                 raise loaded
@@ -236,9 +252,11 @@ class RolloutShards(datasets.ArrowBasedBuilder):
 
         expected = self.config.rollout_features.arrow_schema
         i = 0
-        # datasets hands each call a part of the shards (one per worker or stream shard): not the whole read
+        # datasets hands each call a part of the shards (one per worker or stream shard): not the whole read; the
+        # rollout ids seen are the builder's, so a rollout two shards hold is refused within a process
+        self._seen = getattr(self, "_seen", None) or SeenRollouts()
         for loaded in verified_shards(sources, verify=self.config.verify, skip_bad=self.config.skip_bad,
-                                      whole_read=False):
+                                      whole_read=False, seen=self._seen):
             _check_features(loaded, expected)
             for batch in loaded.batches():
                 yield Key(0, i), pa.Table.from_batches([batch]).select(expected.names)
@@ -293,4 +311,6 @@ def _local_features(sources: list[ShardSource]) -> datasets.Features:
                 return datasets.Features.from_arrow_schema(pa.ipc.open_file(f).schema)
         except (pa.ArrowException, OSError):  # a bad shard: the read names it when it gets there
             continue
+        except (ValueError, KeyError, TypeError):  # its `huggingface` schema metadata is not what datasets wrote
+            break
     return ROLLOUT_FEATURES

@@ -11,8 +11,9 @@ features), `<run>/summary.json` (provenance and per-worker stats), and a README 
 lists every run of the repo, so `datasets.load_dataset(REPO, RUN)` works with no remote code.
 
 Every shard is checked before anything is uploaded (it opens as an Arrow IPC file, every batch
-passes Arrow's full validation, it has the rollout schema, and its rows and sha256 match the run
-manifest): a partial or corrupted shard is never published. Shards go up in commits of about
+passes Arrow's full validation and the writer's rules (hub/shard_checks.py), it has the rollout schema, its
+rows and sha256 match the run manifest, and no rollout is in two shards): a partial, corrupted or crafted
+shard is never published. Shards go up in commits of about
 `batch_bytes`, each commit also updating index.json; a re-run skips the shards the repo's index
 already lists with the same sha256, so an interrupted push resumes with no duplicate.
 """
@@ -36,6 +37,7 @@ from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exp
     INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollouts,
     open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
 )
+from hubgym.hub.shard_checks import SeenRollouts
 from hubgym.hub.shards import ShardSource, load_shard, sha256_file
 
 SUMMARY_FILE = "summary.json"
@@ -94,21 +96,33 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
         missing = shards[0].parent / gone[0]
         raise ShardError(f"shard {missing} is listed in its run's manifest but missing; re-run the rollout (it "
                          f"resumes and rewrites only what is missing)", shard=str(missing))
-    out, features = {}, None
+    out, features, seen = {}, None, SeenRollouts()
     for path in shards:
         info = recorded.get(path.name, {})
-        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # no sha256: full validation
+        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # its sha256 is checked below
         sha = sha256_file(path)
         if info.get("sha256") not in (None, sha):
             raise ShardError(f"shard {path} changed after it was written: its sha256 is {sha}, the run manifest "
                              f"records {info['sha256']}. Delete it and re-run the rollout (it resumes)",
                              shard=str(path))
-        mine = datasets.Features.from_arrow_schema(loaded.reader.schema).to_dict()
+        seen.add_loaded(loaded)  # a rollout two shards hold is never published
+        mine = _features(loaded.reader.schema, path)
         if features is not None and mine != features:
             raise ShardError(f"shard {path} has other columns than {shards[0].name}; a run's shards share one schema "
                              f"(push re-scored shards as a run of their own)", shard=str(path))
         out[path.name], features = {"sha256": sha, "rows": loaded.rows}, mine
     return out, features or {}
+
+
+def _features(schema, path: Path) -> dict:
+    """The `datasets` features a shard's schema declares (its `huggingface` metadata), published in index.json:
+    ShardError when they do not parse (the metadata is not what datasets wrote)."""
+    try:
+        return datasets.Features.from_arrow_schema(schema).to_dict()
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ShardError(f"shard {path} declares `datasets` features that do not parse (its `huggingface` schema "
+                         f"metadata: {type(exc).__name__}: {str(exc)[:120]}); re-run the rollout that wrote it",
+                         shard=str(path)) from None
 
 
 def _check_name(name: str) -> str:

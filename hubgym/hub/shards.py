@@ -5,9 +5,11 @@
 
 A shard is an Arrow IPC *file*: its footer is written last, so a truncated file does not open. A
 flipped byte may still open; the sha256 recorded when the shard was written (the run manifest) or
-pushed (the repo's index.json) catches that. A remote shard is read whole into memory while it is
-hashed (a shard is at most the writer's max_bytes, 64 MiB by default): nothing is cached on disk,
-and no row of a bad shard is ever handed out.
+pushed (the repo's index.json) catches that. But a recorded sha256 is only as good as the file that
+records it, which is as untrusted as the shard: so every record batch is also fully validated, and held to
+the writer's rules, once, where the bytes are opened (shard_checks.py). A remote shard is read whole into
+memory while it is hashed (a shard is at most the writer's max_bytes, 64 MiB by default): nothing is
+cached on disk, and no row of a bad shard is ever handed out.
 """
 
 from __future__ import annotations
@@ -20,11 +22,9 @@ from typing import Any, Iterator
 import pyarrow as pa
 
 from hubgym.errors import HubConnectionError, ShardError
-from hubgym.files import sha256_file
-from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, column_type_ok, upgrade_batch
+from hubgym.hub.shard_checks import FIX, as_read, check_batch
+from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, column_type_ok
 from hubgym.schemas.tasks import parse_json
-
-FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,11 @@ class LoadedShard:
     source: ShardSource
     reader: pa.ipc.RecordBatchFileReader
     rows: int
+    ids: set[str] = field(default_factory=set, repr=False)  # its rollout ids (when checked)
 
     def batches(self) -> Iterator[pa.RecordBatch]:
         for i in range(self.reader.num_record_batches):
-            yield upgrade_batch(self.reader.get_batch(i))  # an older shard reads with today's column types
+            yield as_read(self.reader.get_batch(i))  # today's column types; a non-finite reward is an error
 
 
 @dataclass
@@ -65,11 +66,9 @@ class FetchedShard:
 
 
 def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:
-    """Fetch (remote) or map (local) a shard and check it: sha256 when recorded, Arrow structure, schema, rows.
-
-    With a matching sha256 the bytes are exactly those checked when the shard was written or pushed,
-    so the full (slower) Arrow validation runs only for shards nothing recorded.
-    """
+    """Fetch (remote) or map (local) a shard and check it: sha256 when recorded, Arrow structure, schema, every
+    batch fully (shard_checks.check_batch), rows. `verify=False` checks the structure and schema alone: for
+    files this process wrote itself."""
     return open_fetched(fetch_shard(source), verify=verify)
 
 
@@ -107,15 +106,15 @@ def open_fetched(fetched: FetchedShard, *, verify: bool = True) -> LoadedShard:
         fix = "push its run again from a good copy (`hubgym push-rollouts RUN_DIR REPO`)" if source.remote else FIX
         raise ShardError(f"shard {source.name} is corrupted: its sha256 is {fetched.sha256}, but {source.sha256} was "
                          f"recorded when it was written or pushed; {fix}", shard=source.name)
+    ids: set[str] = set()
     try:
         reader = pa.ipc.open_file(pa.BufferReader(data) if isinstance(data, bytes) else data)
         check_schema(reader.schema, source.name)
         rows = 0
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
-            if verify and source.sha256 is None:
-                batch.validate(full=True)
-                _check_info(batch, source.name)
+            if verify:
+                check_batch(batch, source.name, rows, ids)
             rows += batch.num_rows
     except (pa.ArrowException, OSError) as exc:  # any Arrow error: a flipped byte can reach any of them
         raise ShardError(f"shard {source.name} is truncated or corrupted ({_first_line(exc)}); {FIX}",
@@ -123,24 +122,17 @@ def open_fetched(fetched: FetchedShard, *, verify: bool = True) -> LoadedShard:
     if verify and source.rows is not None and rows != source.rows:
         raise ShardError(f"shard {source.name} holds {rows} rows, but {source.rows} were recorded; {FIX}",
                          shard=source.name)
-    return LoadedShard(source, reader, rows)
+    return LoadedShard(source, reader, rows, ids)
 
 
 def decode_info(text: str, shard: str | None, rollout_id: str | None) -> Any:
-    """A row's `info` JSON, decoded; ShardError naming the shard and the row if it is not JSON."""
+    """A row's `info` JSON, decoded; ShardError naming the shard and the row if it is not JSON (a checked shard's
+    always is: this names what an unchecked one holds)."""
     try:
         return parse_json(text)
     except (ValueError, RecursionError) as exc:  # json's errors; msgspec's are retried by json
         raise ShardError(f"shard {shard}: row {rollout_id!r} has an `info` that is not JSON ({_first_line(exc)}); "
                          f"{FIX}", shard=shard) from None
-
-
-def _check_info(batch: pa.RecordBatch, name: str) -> None:
-    """Every `info` of a shard nothing recorded decodes (a recorded sha256 already vouches for the writer's)."""
-    ids = batch.column("rollout_id").to_pylist()
-    for rollout_id, text in zip(ids, batch.column("info").storage.to_pylist(), strict=True):
-        if text is not None:
-            decode_info(text, name, rollout_id)
 
 
 def check_schema(schema: pa.Schema, name: str) -> None:

@@ -43,7 +43,7 @@ __all__ = ["EnvConfig", "MixEntry", "MixSpec", "expand", "load_spec", "parse_spe
 class MixEntry(BaseModel):
     """One line of a mixture: a selector (exactly one of name, source, tag) with a weight and overrides."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # a weight of .inf: no
 
     name: str | None = Field(None, description="env spec ENV[:CONFIG] (name, versioned id, folder or "
                              "org/name@revision); ENV:* selects every config of ENV")
@@ -79,7 +79,7 @@ class MixEntry(BaseModel):
 class MixSpec(BaseModel):
     """A whole mixture: entries plus tag multipliers."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     envs: list[MixEntry] = Field(min_length=1)
     tag_weights: dict[str, float] = Field(default_factory=dict)
@@ -124,13 +124,25 @@ def parse_spec(data: Any, origin: str = "mixture spec") -> MixSpec:
                                "write a list of {name|source|tag, weight} (the format: hubgym.mixture.spec)") from None
 
 
+MAX_SPEC_BYTES = 16 << 20  # a spec lists entries; a bigger file is not one
+
+
 def load_spec(path: str | Path) -> MixSpec:
-    """Read a YAML or JSON spec file (JSON is YAML)."""
+    """Read a YAML or JSON spec file (JSON is YAML): a regular file of UTF-8 text (a FIFO or a device would block
+    or never end), nested no deeper than YAML's parser recurses."""
+    path = Path(path)
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise EnvContractError(f"cannot read mixture spec {path}: {exc}", Where(field="envs"),
-                               "give a readable YAML or JSON file") from None
+        if not path.is_file():
+            raise OSError(f"{'no such file' if not path.exists() else 'not a regular file'}")
+        if path.stat().st_size > MAX_SPEC_BYTES:
+            raise OSError(f"{path.stat().st_size:,} bytes; a spec is a short list of entries")
+        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
+    except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
+        problem = ("nested too deep" if isinstance(exc, RecursionError) else
+                   f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})"
+                   if isinstance(exc, UnicodeDecodeError) else str(exc).splitlines()[0][:200])
+        raise EnvContractError(f"cannot read mixture spec {path}: {problem}", Where(field="envs"),
+                               "give a readable YAML or JSON file (UTF-8 text)") from None
     return parse_spec(data, origin=f"mixture spec {path}")
 
 

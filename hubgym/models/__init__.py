@@ -15,7 +15,7 @@ from typing import Any
 
 _EXPORTS: dict[str, str] = {
     "FALLBACK_CONTEXT": "hubgym.models.refs", "context_length": "hubgym.models.refs",
-    "resolve_model": "hubgym.models.refs",
+    "resolve_model": "hubgym.models.refs", "LOCAL_NAMES": "hubgym.models.refs",
     "TinyModelConfig": "hubgym.models.tiny", "default_tiny_model": "hubgym.models.tiny",
     "make_tiny_model": "hubgym.models.tiny", "smollm2_folder": "hubgym.models.smollm2",
 }

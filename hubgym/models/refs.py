@@ -22,6 +22,7 @@ from pathlib import Path
 from hubgym.errors import ContextLengthError, ModelNotFoundError
 
 TINY = "tiny"
+LOCAL_NAMES = (TINY, "smollm2-135m")  # models hubgym makes here: their names resolve to folders, never to the Hub
 FALLBACK_CONTEXT = 4096  # when the model's config.json cannot be read (a Hub model not fetched here)
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 

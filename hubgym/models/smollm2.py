@@ -43,9 +43,9 @@ def smollm2_folder(*, setting: str = "--model", progress: bool = True) -> Path:
         return out
     gguf = gguf_path(setting)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from filelock import FileLock
+    from hubgym.files.locks import exclusive
 
-    with FileLock(str(out) + ".lock"):
+    with exclusive(str(out) + ".lock", f"the conversion of {NAME} into {out} (about 30 s, once)"):
         if not _complete(out):  # another process may have converted it while this one waited
             for stale in out.parent.glob(f".{out.name}-*"):  # a conversion killed part way (under this lock)
                 shutil.rmtree(stale, ignore_errors=True)

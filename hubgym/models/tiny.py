@@ -76,13 +76,13 @@ def make_tiny_model(out_dir: str | Path, config: TinyModelConfig = TinyModelConf
     folder under a file lock beside it, in a staging folder renamed into place, so nobody ever reads a
     half-written model and a process killed while writing leaves only its staging folder (removed next time).
     """
-    from filelock import FileLock
+    from hubgym.files.locks import exclusive
 
     out = Path(out_dir)
     if _complete(out, config):
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out.parent / f".{out.name}.lock")):
+    with exclusive(out.parent / f".{out.name}.lock", f"the tiny model being written to {out}"):
         if _complete(out, config):  # another process made it while this one waited
             return out
         staging = out.parent / f".{out.name}.staging"

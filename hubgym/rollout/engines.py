@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import queue
 import threading
@@ -23,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Protocol
 
-from hubgym.errors import EngineError, RequestError
+from hubgym.errors import EngineError, RequestError, SettingError
 from hubgym.rollout.reaper import engine_process_env
 from hubgym.rollout.vllm_logging import apply_vllm_log_level, vllm_verbose
 from hubgym.schemas.messages import Message, ToolCall
@@ -38,6 +39,15 @@ class SamplingArgs:
     max_tokens: int = 128  # per turn, unless the task's interaction spec says otherwise
     seed: int = 0  # per-request seeds derive from it, so a run is reproducible
     regex: str | None = None  # constrain every reply to this regular expression (vLLM structured outputs)
+
+    def __post_init__(self) -> None:
+        """NaN or infinity reaches vLLM as a sampling parameter it does not refuse: a run of nonsense, not an error."""
+        rules = {"temperature": (lambda v: v >= 0, ">= 0"), "top_p": (lambda v: 0 < v <= 1, "in (0, 1]")}
+        for name, (ok, rule) in rules.items():
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value)):
+                raise SettingError(f"sampling {name}={value!r} must be a finite number {rule}, e.g. "
+                                   f"{name}={1.0 if name == 'top_p' else 0.7}", setting=name)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

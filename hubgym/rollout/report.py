@@ -1,9 +1,11 @@
 """Summaries of stored rollouts: one table row per env, and a PNG of the same numbers.
 
 Works on any set of shard files or run folders (lazy polars scans, so large runs stay cheap).
-A row is *scored* when it has a reward; a row whose rollout or scoring failed has none, counts in
+A row is *scored* when it has a finite reward; a row whose rollout or scoring failed has none, counts in
 `errors`, and is left out of every reward metric (mean_reward, pass@1, pass@k and no_answer all
-use the same scored rows). Success is the verifier's SUCCESS_THRESHOLD, stored per row as `success`.
+use the same scored rows). A stored reward that is not finite (NaN, inf: no hubgym writer stores one) is no
+reward either: it counts in `errors`, and `non_finite_rewards` names those rows. Success is the verifier's
+SUCCESS_THRESHOLD, stored per row as `success`.
 
     rollouts, groups     rows, and tasks (GRPO groups); n: samples per group (the largest group)
     errors               share of rows without a reward (the rollout or the verifier failed)
@@ -22,6 +24,7 @@ from __future__ import annotations
 from math import comb
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from hubgym.errors import NoShardsError
@@ -42,19 +45,42 @@ def shard_files(sources: list[str | Path]) -> list[Path]:
     return files
 
 
+REPORT_COLUMNS = ("rollout_id", "env", "group", "reward", "num_turns", "truncated", "metrics", "completion_mask")
+"""What the summaries and the plot read of each row."""
+
+
 def scan_rollouts(sources: list[str | Path], *, skip_bad: bool = False) -> pl.LazyFrame:
-    """The rollout columns of every shard under `sources`, each shard checked first as iter_rollouts checks it
-    (the sha256 its run manifest records, Arrow structure, rollout schema, rows): a bad shard or manifest
-    raises ShardError or ManifestError naming it, or with `skip_bad` a bad shard is left out (one
-    SkippedShardsWarning names it). Extra columns (e.g. re-scoring's) are left out, so any shards concatenate."""
+    """REPORT_COLUMNS of every shard under `sources`, each shard checked first as iter_rollouts checks it (the
+    sha256 its run manifest records, every batch fully validated and held to the writer's rules, rows): a bad
+    shard or manifest raises ShardError or ManifestError naming it, or with `skip_bad` a bad shard is left out
+    (one SkippedShardsWarning names it).
+
+    The rows are scanned lazily by pyarrow (the reader that checked them), as a dataset of those columns with
+    their rollout schema types and no stored metadata: polars never parses a stored file itself, so schema or
+    field metadata that pyarrow ignores cannot trip it. Extra columns (re-scoring's) are left out."""
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
     from hubgym.hub.rollout_reader import local_shard_sources, verified_shards
     from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 
     shards = local_shard_sources(sources)
     files = [loaded.source.location for loaded in verified_shards(shards, skip_bad=skip_bad)]
-    # relaxed: shards written before replies had `reasoning` hold completion messages without it (read as null);
-    # every other column was checked to have the rollout schema's very type
-    return pl.concat([pl.scan_ipc(f).select(ROLLOUT_SCHEMA.names) for f in files], how="vertical_relaxed")
+    schema = pa.schema([ROLLOUT_SCHEMA.field(name).remove_metadata() for name in REPORT_COLUMNS])
+    return pl.scan_pyarrow_dataset(ds.dataset(files, format="arrow", schema=schema))
+
+
+SCORED = pl.col("reward").is_not_null() & pl.col("reward").is_finite().fill_null(False)
+"""A row with a reward, and a finite one: the rows every reward column is over."""
+
+
+def non_finite_rewards(rollouts: pl.LazyFrame) -> pl.DataFrame:
+    """env, rows, values (up to 3 of them, as text), first (a rollout id): the rows whose stored reward is not a
+    finite number, counted in `errors`."""
+    bad = rollouts.filter(pl.col("reward").is_not_null() & ~pl.col("reward").is_finite())
+    return (bad.group_by("env").agg(pl.len().alias("rows"), pl.col("reward").unique().head(3).cast(pl.String)
+                                    .alias("values"), pl.col("rollout_id").first().alias("first"))
+            .sort("env").collect())
 
 
 def _metric(name: str, default: float | None = 0.0) -> pl.Expr:
@@ -76,7 +102,7 @@ def summarize(rollouts: pl.LazyFrame, k: int | None = None) -> pl.DataFrame:
     if k is not None and k < 1:
         raise ValueError(f"pass@k needs k >= 1, got k={k}")
     rows = rollouts.select(
-        "env", "group", "reward", "num_turns", "truncated", pl.col("reward").is_not_null().alias("scored"),
+        "env", "group", "reward", "num_turns", "truncated", SCORED.alias("scored"),
         (_metric("success") > 0).alias("success"), (1.0 - _metric("reward/answer_found", None)).alias("no_answer"),
         _metric("loop/tool_calls").alias("tool_calls"), _metric("loop/tool_errors").alias("tool_errors"),
         (_metric("loop/parse_errors") > 0).alias("tool_parse_failures"),
@@ -111,7 +137,7 @@ def _pass_at_k(groups: pl.DataFrame, k: int | None) -> pl.DataFrame:
 
 def reward_components(rollouts: pl.LazyFrame) -> pl.DataFrame:
     """env, component, mean: each `reward/<name>` metric averaged over the scored rows that carry it."""
-    return (rollouts.filter(pl.col("reward").is_not_null()).select("env", pl.col("metrics").alias("m"))
+    return (rollouts.filter(SCORED).select("env", pl.col("metrics").alias("m"))
             .explode("m").drop_nulls("m").unnest("m").filter(pl.col("name").str.starts_with("reward/"))
             .group_by("env", pl.col("name").str.strip_prefix("reward/").alias("component"))
             .agg(pl.col("value").cast(pl.Float64).mean().alias("mean")).sort("env", "component").collect())
@@ -138,7 +164,7 @@ def reward_figure(rollouts: pl.LazyFrame, k: int | None = None):
 
     table = summarize(rollouts, k)
     envs = table["env"].to_list()
-    counts = (rollouts.filter(pl.col("reward").is_not_null()).group_by("env", pl.col("reward").round(3))
+    counts = (rollouts.filter(SCORED).group_by("env", pl.col("reward").round(3))
               .agg(pl.len().alias("rows")).collect())
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(max(11.0, 3.6 * len(envs) + 4.5), 4.2))
     _plot_counts(left, envs, table, counts)
@@ -159,16 +185,40 @@ def _plot_counts(ax, envs: list[str], table: pl.DataFrame, counts: pl.DataFrame)
     for i, env in enumerate(envs):
         part = counts.filter(pl.col("env") == env).sort("reward")
         total = max(part["rows"].sum(), 1)
-        ax.scatter([i] * len(part), part["reward"], s=[30 + 600 * r / total for r in part["rows"]], alpha=0.6)
+        sizes = [30 + 600 * r / total for r in part["rows"]]
+        ax.scatter([i] * len(part), _drawable(part["reward"]), s=sizes, alpha=0.6)
         if len(part) <= 8:  # a few distinct rewards: say how many rows earned each
             for reward, rows in part.select("reward", "rows").iter_rows():
-                ax.annotate(f"{rows}", (i, reward), xytext=(9, -3), textcoords="offset points", fontsize=7)
+                ax.annotate(f"{rows}", (i, _drawable([reward])[0]), xytext=(9, -3), textcoords="offset points",
+                            fontsize=7)
     labels = [f"{r['env']}\n{r['rollouts']} rows, {r['groups']} groups\n{round(r['errors'] * r['rollouts'])} errors"
               for r in table.iter_rows(named=True)]
     _env_axis(ax, envs, labels)
-    ax.margins(y=0.15)
+    _pad(ax, counts["reward"].to_list(), 0.15)
     ax.set_ylabel("reward")
     ax.set_title("rows per reward (scored rows)", fontsize=9)
+
+
+DRAWN = 1e300
+"""The largest magnitude drawn: a value past it is drawn at it (its label keeps the value). An axis spanning
+more than the largest float cannot be laid out (its width overflows to inf)."""
+
+
+def _drawable(values) -> list[float]:
+    """Values as drawn: finite ones clipped to +-DRAWN, NaN kept (matplotlib leaves it out), +-inf at +-DRAWN."""
+    array = np.asarray(list(values), dtype=np.float64)
+    return np.clip(np.nan_to_num(array, nan=np.nan, posinf=DRAWN, neginf=-DRAWN), -DRAWN, DRAWN).tolist()
+
+
+def _pad(ax, values, share: float) -> None:
+    """y limits around the drawn values with `share` of their span as margin (at least 0.5 around a single value),
+    computed so that nothing overflows."""
+    drawn = [v for v in _drawable(values) if np.isfinite(v)]
+    if not drawn:
+        return
+    low, high = min(drawn), max(drawn)
+    pad = max(high * share - low * share, 0.5 if high == low else 0.0)  # no (high - low): it may overflow
+    ax.set_ylim(max(low - pad, -1.5 * DRAWN), min(high + pad, 1.5 * DRAWN))
 
 
 RATES = [("pass@1", "pass@1"), ("pass@k", "pass@k"), ("no_answer", "no answer"), ("errors", "errors"),
@@ -203,12 +253,14 @@ def _plot_components(ax, envs: list[str], components: pl.DataFrame) -> None:
         if part.is_empty():
             ax.annotate("none stored", (i, 0), xytext=(0, 2), textcoords="offset points", ha="center", fontsize=7)
         for j, (name, mean) in enumerate(part.select("component", "mean").iter_rows()):
-            x = i - 0.4 + width * (j + 0.5)
-            ax.bar(x, mean, width, color=color[name])
-            ax.annotate(f"{name} {mean:.2f}", (x, max(mean, 0.0)), xytext=(0, 2), textcoords="offset points",
-                        ha="center", va="bottom", fontsize=6, rotation=90)
+            x, height = i - 0.4 + width * (j + 0.5), _drawable([mean])[0]
+            ax.bar(x, height if np.isfinite(height) else 0.0, width, color=color[name])
+            label = f"{name} {mean:.2f}" if abs(height) < 1e6 else f"{name} {mean:.3g}"
+            top = max(height, 0.0) if np.isfinite(height) else 0.0
+            ax.annotate(label, (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                        fontsize=6, rotation=90)
     _env_axis(ax, envs)
-    ax.margins(y=0.35)
+    _pad(ax, [0.0, *components["mean"].to_list()], 0.35)
     ax.axhline(0, color="grey", linewidth=0.5)
     ax.set_ylabel("mean over scored rows")
     ax.set_title("reward components", fontsize=9)

@@ -23,7 +23,7 @@ import fcntl
 import json
 import os
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO
 
 from hubgym.errors import RunFolderError
 from hubgym.files import atomic_write_bytes
@@ -99,9 +99,8 @@ def _holder(handle: IO[str]) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """A short exclusive lock (blocking: held only while a claim is checked and written)."""
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
+def _locked(path: Path) -> contextlib.AbstractContextManager[None]:
+    """A short exclusive lock (held only while a claim is checked and written; a longer wait names the holder)."""
+    from hubgym.files.locks import exclusive
+
+    return exclusive(path, f"the run claim of {path.parent}")

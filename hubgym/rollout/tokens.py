@@ -316,6 +316,12 @@ def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] 
     ids = list(row["prompt_ids"]) + list(row["completion_ids"])
     if not ids:
         return TokenAudit(0)
+    vocabulary = len(renderer.tokenizer)
+    outside = next((i for i, token in enumerate(ids) if not 0 <= token < vocabulary), None)
+    if outside is not None:  # no template renders it, and the tokenizer cannot decode it
+        turn, part = _turn_of(row, outside)
+        return TokenAudit(len(ids), outside, turn, part, f"token id {ids[outside]}",
+                          f"an id of the tokenizer's {vocabulary}")
     renderer = renderer.for_row(row)
     tools = tools if tools is not None else _tools(row, own)
     runs = _sampled_runs(row)

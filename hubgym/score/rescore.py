@@ -34,6 +34,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from hubgym.errors import NoShardsError, ShardError, SkippedShardsWarning
+from hubgym.hub.shard_checks import SeenRollouts
 from hubgym.hub.shards import LoadedShard, ShardSource, fetch_or_error, open_or_error
 from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
@@ -115,13 +116,16 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
     target = (lambda index: output.path(index)) if output else (lambda index: None)
     pending: deque[tuple[list[int], Future]] = deque()
     bad: list[str] = []
+    seen = SeenRollouts()  # a rollout id two shards hold: the second is a bad shard
 
     def finished(indices: list[int], future: Future) -> Iterator[ShardResult]:
         parts = future.result()
         while missing := sorted({env for part in parts for env in part.missing}):
             specs.update({env: choice.spec(env) for env in missing})
             parts = scorer.shards([shards[i] for i in indices], dict(specs), [target(i) for i in indices]).result()
-        for part in parts:
+        for index, part in zip(indices, parts):
+            if part.error is None and part.diff_rows is not None:
+                part.error = _repeated(seen, part, target(index))
             if part.error is not None:
                 if not skip_bad:
                     raise ShardError(part.error, shard=part.shard)
@@ -153,6 +157,18 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
         if len(bad) == len(shards):
             raise NoShardsError(f"every one of the {len(shards)} shard(s) read is bad (named in the note above); "
                                 f"re-run the rollout that wrote them, or read another source")
+
+
+def _repeated(seen: SeenRollouts, part: ShardResult, output: Path | None) -> str | None:
+    """The error of a shard that repeats a rollout an earlier shard held (its output shard, written by then, is
+    removed), or None."""
+    try:
+        seen.add(part.shard, part.diff_rows.column("rollout_id").to_pylist())
+    except ShardError as exc:
+        if output is not None:
+            output.unlink(missing_ok=True)
+        return str(exc)
+    return None
 
 
 def _bundle(shards: list[ShardSource], start: int, rows: int) -> list[int]:

@@ -22,7 +22,7 @@ from hubgym.mixture.spec import MixEntry
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)  # no NaN or inf setting
 
 
 class EnvMix(MixEntry, Section):
@@ -163,7 +163,8 @@ class Batch(Section):
 
 
 class Optim(Section):
-    lr: float = Field(1e-6, gt=0, description="AdamW learning rate (peak)")
+    lr: float = Field(1e-6, gt=0, le=1, description="AdamW learning rate (peak); above 1 an AdamW update moves "
+                      "each weight by more than 1 (and past ~1e37 it overflows float32 inside torch)")
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="learning-rate schedule "
                                                                "after warmup: constant, or linear / cosine decay "
                                                                "to min_lr_ratio x lr at the run's last step")
@@ -397,6 +398,8 @@ def _problems(exc: ValidationError, prefix: str = "") -> str:
             field = _field(key)
             why = f" ({field.description})" if field is not None and field.description else ""
             problems.append(f"{key}={e['input']!r} must be {op} {limit}; set it to {fix.format(limit)}{why}")
+        elif e["type"] == "finite_number":  # NaN or inf: a learning rate of inf trains NaN weights
+            problems.append(f"{key}={e['input']!r} must be a finite number; give a number like 0.5 or 1e-6")
         else:
             problems.append(f"{key + ': ' if key else ''}{e['msg'].removeprefix('Value error, ')}")
     return "; ".join(problems)

@@ -18,7 +18,9 @@ the accumulation boundary by hand.
 How a bad step is skipped. A non-finite loss is turned into NaN gradients on purpose; DeepSpeed's
 ZeRO optimizers check the global gradient norm before the update and, when it is not finite
 (a NaN loss, or an inf/NaN gradient from a finite loss), drop the gradients and leave weights and
-AdamW moments untouched. `engine.was_step_applied()` tells which happened, on every rank alike.
+AdamW moments untouched. `engine.was_step_applied()` tells which happened, on every rank alike. A finite
+step can still leave weights that are not (a learning rate of inf): `weights_finite` says so, and
+`export_hf` refuses to write them.
 
 How the step waits for the device. The losses, their finite checks and the loss's metrics stay on the
 device as tensors for the whole step (a non-finite loss is turned into NaN by a multiplication decided
@@ -44,10 +46,10 @@ from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.lora import LoraSettings, is_lora, merged_weights, wrap_lora
 from hubgym.train.metrics import merge_metrics, read_metrics, read_numbers
+from hubgym.train.ops import load_deepspeed_ops
 from hubgym.train.schedule import SCHEDULES, Schedule, make_scheduler
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
-EXTENSIONS_DIR = Path("~/.cache/hubgym/torch_extensions")  # DeepSpeed's JIT ops (~80 s to build), built once
 SKIP_LOSS, SKIP_GRAD = "non-finite loss", "non-finite gradient norm"
 DIST_TIMEOUT_S = 1800.0  # torch's own default: rank 0 may sample with vLLM this long while the others wait
 
@@ -118,8 +120,9 @@ def init_distributed(timeout_s: float = DIST_TIMEOUT_S) -> tuple[int, int]:
     port first and binding it later races with every other process starting up on the machine.
 
     `timeout_s` bounds the rendezvous of launched workers (env://: waiting for the other nodes) and every
-    collective after it, under gloo and NCCL alike (hubgym.train.nodes says why 30 minutes)."""
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(EXTENSIONS_DIR.expanduser()))
+    collective after it, under gloo and NCCL alike (hubgym.train.nodes says why 30 minutes). DeepSpeed's CPU op
+    is built or loaded first (hubgym.train.ops: never waiting on a build that died)."""
+    load_deepspeed_ops()
     import deepspeed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -327,6 +330,12 @@ class Policy:
         from safetensors.torch import save_file
 
         folder = Path(folder)
+        if not self.weights_finite():  # a model of NaN loads everywhere and answers nothing
+            from hubgym.errors import NonFiniteTrainingError
+
+            raise NonFiniteTrainingError(f"not exporting {folder}: a weight is not a finite number after "
+                                         f"{self.engine.global_steps} step(s); lower optim.lr (now "
+                                         f"{self.settings.lr:g}) or clip harder (optim.max_grad_norm)")
         state = self.full_state_dict()
         if self.rank == 0:
             staging = folder.with_name(f".{folder.name}.partial")
@@ -363,6 +372,13 @@ class Policy:
         torch.distributed.all_reduce(totals)
         torch.distributed.all_reduce(largest, op=torch.distributed.ReduceOp.MAX)
         return totals.tolist(), largest.tolist()
+
+    @torch.no_grad()
+    def weights_finite(self) -> bool:
+        """Whether every weight is a finite number, on every rank (each checks what it holds: under ZeRO-3 its
+        shards), in one collective."""
+        mine = all(bool(torch.isfinite(getattr(p, "ds_tensor", p)).all()) for p in self.module.parameters())
+        return self._sum_over_ranks(float(not mine))[0] == 0
 
     def _sum_over_ranks(self, *values: float) -> list[float]:
         """Sum per-rank numbers over all ranks, in one collective."""

@@ -17,8 +17,8 @@ from typing import Any, Iterator, Sequence
 import pyarrow as pa
 
 from hubgym.hub.rollout_reader import local_shard_sources
+from hubgym.hub.shard_checks import SeenRollouts, as_read
 from hubgym.hub.shards import load_shard
-from hubgym.schemas.rollouts import upgrade_batch
 from hubgym.schemas.tasks import parse_json
 
 # What grouping, packing and the per-env training metrics read; the messages stay on disk.
@@ -38,6 +38,7 @@ class LocalShards:
         self.columns = list(columns) if columns is not None else None
         self._file = -1  # index of the open file
         self._reader: pa.ipc.RecordBatchFileReader | None = None
+        self._seen = SeenRollouts()  # a rollout id a second shard repeats is refused, as every reader refuses it
         self._batch = 0  # next record batch of the open file
         self._rows: list[dict[str, Any]] = []  # decoded rows of the current batch, consumed from the front
         self._row = 0
@@ -81,7 +82,9 @@ class LocalShards:
             if self._file >= len(self.files):
                 self._reader = None
                 return None
-            self._reader, self._batch = load_shard(self._sources[self._file]).reader, 0
-        batch = upgrade_batch(self._reader.get_batch(self._batch))  # an older shard: today's column types
+            loaded = load_shard(self._sources[self._file])
+            self._seen.add_loaded(loaded)
+            self._reader, self._batch = loaded.reader, 0
+        batch = as_read(self._reader.get_batch(self._batch))  # today's column types; a non-finite reward: an error
         self._batch += 1
         return batch

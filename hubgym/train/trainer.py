@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from hubgym.train.ahead import EngineWorker
-from hubgym.train.config import TrainConfig
+from hubgym.train.config import ConfigError, TrainConfig
 from hubgym.train.groups import Group, GroupSettings, mask_stale
 from hubgym.train.loss import LossSettings, make_loss_fn
 from hubgym.train.metrics import MetricsLog
@@ -65,6 +65,7 @@ class Trainer:
         self.offline_read: list[dict] = []  # stored rows read since the last step, trainable or not (env metrics)
         self.online_metrics: dict[str, float] = {}  # of the current online step: sync and generation s, staleness
         self.counts: dict[str, int] = {}
+        self.skip_reason: str | None = None  # why the last step was skipped (a loss or gradient not finite)
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -167,6 +168,7 @@ class Trainer:
             groups, rows = self._step_groups(step, offline, producer)
             metrics = self._train(step, groups, rows, started)
             log.log(step, metrics)
+            self._stop_unless_finite(step, metrics)
             if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.total_steps:
                 self._evaluate(step + 1, log)
             if self._checkpoint_due(step):
@@ -284,10 +286,29 @@ class Trainer:
                         "policy/skipped": float(stats.skipped), "time/step_s": seconds,
                         "time/train_s": stats.seconds, "time/tokens_per_s": stats.tokens / max(stats.seconds, 1e-9),
                         "train/tokens": stats.tokens})
+        self.skip_reason = stats.skip_reason if stats.skipped else None
         if stats.skipped:
-            self.console.print(f"[red]step {step}: non-finite loss; the update was skipped (weights unchanged)")
             self._count({"skipped_steps": 1})
         return metrics
+
+    def _stop_unless_finite(self, step: int, metrics: dict[str, Any]) -> None:
+        """A step with a loss or gradient norm that is not finite (DeepSpeed skipped it: weights untouched), or one
+        that left a weight that is not, stops the run before it is checkpointed, synced or exported."""
+        if metrics.get("train/empty_step"):
+            return
+        from hubgym.train.engine import SKIP_GRAD, SKIP_LOSS
+
+        skipped = {SKIP_LOSS: "the loss", SKIP_GRAD: "the gradient norm"}.get(self.skip_reason)  # DeepSpeed's why
+        what = skipped or (None if self.policy.weights_finite() else "a weight")
+        if what is None:
+            return
+        from hubgym.errors import NonFiniteTrainingError
+
+        kept = "the weights are those of the step before" if self.skip_reason else "nothing of this step was saved"
+        raise NonFiniteTrainingError(f"step {step}: {what} is not finite, so the run stopped ({kept}; the last "
+                                     f"checkpoint in {self.out / 'checkpoints'} is intact). Lower optim.lr (now "
+                                     f"{self.cfg.optim.lr:g}) or clip harder (optim.max_grad_norm), check the rows "
+                                     f"of this step, then run again to resume", step=step)
 
     # -- pieces -----------------------------------------------------------------------------------
 
@@ -309,9 +330,11 @@ class Trainer:
                     yield group
                 for key, value in stream.counts.items():
                     self.stream_counts[f"offline/{key}"] = self.stream_counts.get(f"offline/{key}", 0) + value
-                if not produced:
-                    raise ValueError(f"the offline sources {sources} hold no trainable group (all rows skipped, "
-                                     f"zero-variance or short); see the counts: {stream.counts}")
+                if not produced:  # a zero-row shard, rows of envs the config does not train, ...: one line
+                    raise ConfigError(f"the offline sources {sources} hold no trainable group (all rows skipped, "
+                                      f"zero-variance or short; counts: {stream.counts}); give offline.sources "
+                                      f"whose rows are of the config's envs ({', '.join(sorted(self.weights))}) in "
+                                      f"groups of grpo.n={self.cfg.grpo.n}, or set offline.steps=0")
                 epoch += 1
 
         iterator = groups()

@@ -1,0 +1,30 @@
+"""hubgym's readers with the checks of hubgym.hub.shard_checks switched off, in this process: how the readers
+read before every batch of every shard was checked (what a benchmark compares the checked reading against).
+
+    with checks_off():
+        rescore(run, workers=1)        # in this process only: a worker process has its own, checking, modules
+
+The sha256, Arrow structure, schema and row count are still checked, as they were before; off are the full
+validation of each batch (check_batch), the non-finite rewards read as errors (as_read) and the rollout ids
+repeated across shards (SeenRollouts).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+
+@contextmanager
+def checks_off() -> Iterator[None]:
+    from hubgym.hub import shard_checks, shards
+    from hubgym.schemas.rollouts import upgrade_batch
+
+    saved = shards.check_batch, shards.as_read, shard_checks.SeenRollouts.add
+    shards.check_batch = lambda *args, **kwargs: None
+    shards.as_read = upgrade_batch
+    shard_checks.SeenRollouts.add = lambda self, shard, ids: None
+    try:
+        yield
+    finally:
+        shards.check_batch, shards.as_read, shard_checks.SeenRollouts.add = saved

@@ -1,0 +1,214 @@
+"""What a stored rollout shard must hold before any of its values is used: checked once, where its bytes open.
+
+    check_batch(batch, "r1/shards/w000of001-00000.arrow", first_row=0, ids=set())   # ShardError, or nothing
+    seen = SeenRollouts(); seen.add_loaded(loaded) # a rollout id already read from another shard: ShardError
+    batch = as_read(batch)                         # what readers hand out: today's types, non-finite rewards as errors
+
+A recorded sha256 says the bytes are those someone recorded, not that hubgym's writer wrote them: the run
+manifest and a rollout repo's index.json are as untrusted as the shard. So every record batch gets pyarrow's
+full validation (offsets, UTF-8, child lengths and null counts: what keeps a crafted file from crashing a
+reader in native code, or from being read as something else), column by column, then the writer's own rules:
+no null where it never writes one, an `info` that decodes as JSON (nested at most MAX_JSON_DEPTH deep), a
+date Python holds, and no rollout id twice (in a shard, or across the shards of a read: SeenRollouts). A
+failure is one ShardError naming the shard, the column and the row.
+
+A reward that is not finite is valid Arrow, but it is no reward: `as_read` hands the row out as the rollout loop
+would have stored it, without a reward and with a verifier error naming the value, so every reader counts it
+in `errors` and training leaves it out.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Iterable
+
+import msgspec
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from hubgym.errors import ShardError
+from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, upgrade_batch
+from hubgym.schemas.tasks import parse_json
+
+_DECODE = msgspec.json.Decoder().decode
+
+if TYPE_CHECKING:
+    from hubgym.hub.shards import LoadedShard
+
+FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
+REQUIRED = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "prompt", "completion", "info",
+            "interaction", "prompt_ids", "completion_ids", "completion_mask", "completion_logprobs",
+            "finish_reason", "truncated", "num_turns", "provenance", "timings", "created_at")
+"""Columns hubgym's writer never leaves null (the rest may be null: a failed row has no reward, say)."""
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of an `info` value: the deepest a built-in env writes is 6; deeper input would reach
+Python's recursion limit in the code that walks it (a verifier, canonical_json, a deep copy)."""
+NON_FINITE_REWARD = "NonFiniteReward"
+
+
+def check_batch(batch: pa.RecordBatch, shard: str, first_row: int, ids: set[str]) -> None:
+    """ShardError naming the column and row of the first thing in `batch` that no hubgym writer writes.
+
+    `first_row`: the shard's row number of the batch's first row; `ids`: the shard's rollout ids so far (this
+    batch's are added). Each check runs on whole columns in Arrow (a few calls a batch); only a failure
+    looks for its row."""
+    for name, column in zip(batch.schema.names, batch.columns):
+        try:
+            column.validate(full=True)
+        except pa.ArrowException as exc:
+            row = first_row + first_invalid_row(column)
+            raise _error(shard, name, row, f"is not valid Arrow ({_first_line(exc)})") from None
+    for name in REQUIRED:
+        column = batch.column(name)
+        if column.null_count:
+            raise _error(shard, name, first_row + _first_true(pc.is_null(column)),
+                         "is null, which hubgym's writer never writes")
+    _check_times(batch.column("created_at"), shard, first_row)
+    _check_info(batch, shard, first_row)
+    _check_unique(batch.column("rollout_id"), shard, first_row, ids)
+
+
+def first_invalid_row(column: pa.Array) -> int:
+    """The first row whose value fails full validation (a slice is validated alone; the prefixes that pass tell
+    where it starts), or 0 when the array fails as a whole."""
+    low, high = 0, len(column)  # the prefix of `low` rows passes; that of `high` rows fails
+    while high - low > 1:
+        middle = (low + high) // 2
+        try:
+            column.slice(0, middle).validate(full=True)
+            low = middle
+        except pa.ArrowException:
+            high = middle
+    return low
+
+
+def _first_true(mask: pa.Array) -> int:
+    return int(pc.index(mask, True).as_py())
+
+
+EARLIEST, LATEST = -62135596800 * 10**6, 253402300799 * 10**6  # 0001-01-01 and 9999-12-31, in microseconds
+
+
+def _check_times(column: pa.Array, shard: str, first_row: int) -> None:
+    """Timestamps a Python datetime holds (years 1 to 9999): `to_pylist` raises on any other."""
+    bounds = pc.min_max(column)
+    low, high = bounds["min"], bounds["max"]
+    if not low.is_valid or EARLIEST <= low.value and high.value <= LATEST:
+        return
+    micros = column.cast(pa.int64())
+    outside = pc.fill_null(pc.or_(pc.less(micros, EARLIEST), pc.greater(micros, LATEST)), False)
+    raise _error(shard, "created_at", first_row + _first_true(outside), "is not a date between the years 1 and 9999")
+
+
+def _check_info(batch: pa.RecordBatch, shard: str, first_row: int) -> None:
+    """Every `info` decodes as JSON no deeper than MAX_JSON_DEPTH."""
+    column = batch.column("info")
+    texts = (column.storage if isinstance(column, pa.ExtensionArray) else column).to_pylist()
+    limit = MAX_JSON_DEPTH
+    try:
+        for text in texts:
+            value = _DECODE(text)  # msgspec: what parse_json tries first; the rest (NaN, say) is looked at below
+            # a text holding fewer brackets than the limit is no deeper than it (len and count run in C)
+            if len(text) > limit and text.count("[") + text.count("{") > limit and _depth(value) > limit:
+                raise ValueError(f"nested deeper than {limit} levels")
+    except (msgspec.DecodeError, RecursionError, TypeError, ValueError):
+        _find_bad_info(batch, texts, shard, first_row)
+
+
+def _find_bad_info(batch: pa.RecordBatch, texts: list, shard: str, first_row: int) -> None:
+    for row, text in enumerate(texts):
+        try:
+            if not isinstance(text, str) or _depth(parse_json(text)) > MAX_JSON_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
+        except (ValueError, RecursionError) as exc:  # json's and msgspec's errors (msgspec's are retried by json)
+            raise _error(shard, "info", first_row + row, f"is not JSON hubgym reads ({_first_line(exc)})",
+                         _rollout_id(batch, row)) from None
+
+
+def _depth(value: Any, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deep a decoded JSON value nests (counted up to limit + 1, without recursion)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
+
+
+def _check_unique(ids: pa.Array, shard: str, first_row: int, seen: set[str]) -> None:
+    """No rollout id twice in the shard; its ids join `seen`."""
+    values = ids.to_pylist()
+    if len(set(values)) == len(values) and seen.isdisjoint(values):
+        seen.update(values)
+        return
+    for row, rollout_id in enumerate(values):
+        if rollout_id in seen:
+            raise _error(shard, "rollout_id", first_row + row, f"repeats rollout {rollout_id!r}: a rollout is "
+                         f"stored once, and read twice it would count twice")
+        seen.add(rollout_id)
+
+
+class SeenRollouts:
+    """The rollout ids of the shards read so far (about 150 bytes of memory a row: the id and a dict slot): a
+    shard holding one of them again is refused, naming both shards."""
+
+    def __init__(self) -> None:
+        self.owner: dict[str, str] = {}
+
+    def add(self, shard: str, ids: Iterable[str]) -> None:
+        """Record a shard's rollout ids, or raise ShardError naming the first one another shard held (the same shard
+        read again, a second pass over a dataset, is no repeat)."""
+        ids = list(ids)
+        clashes = [] if self.owner.keys().isdisjoint(ids) else [i for i in ids if self.owner.get(i, shard) != shard]
+        if clashes:
+            clash = min(clashes)  # the same one named whatever the set's order
+            raise ShardError(f"shard {shard} repeats rollout {clash!r}, which shard {self.owner[clash]} holds too: a "
+                             f"rollout is stored once, and read twice it would count twice; read one of the two "
+                             f"runs, or {FIX}", shard=shard)
+        self.owner.update(dict.fromkeys(ids, shard))
+
+    def add_loaded(self, loaded: "LoadedShard") -> None:
+        self.add(loaded.source.name, loaded.ids)
+
+
+def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A stored batch as readers hand it out: today's column types (`upgrade_batch`), none of the file's schema or
+    field metadata (what a library reads from it, datasets' `huggingface` features say, is not checked), and each
+    reward that is not finite replaced by null with a verifier error naming it, as the rollout loop stores one."""
+    batch = upgrade_batch(batch)
+    if batch.schema.metadata or any(field.metadata for field in batch.schema):
+        schema = pa.schema([field.remove_metadata() for field in batch.schema])
+        batch = pa.RecordBatch.from_arrays(batch.columns, schema=schema)
+    rewards = batch.column("reward")
+    total = pc.sum(rewards).as_py()
+    if total is None or math.isfinite(total):  # all null, or all finite (a sum that overflows is looked at below)
+        return batch
+    finite = pc.fill_null(pc.is_finite(rewards), True)
+    if pc.all(finite).as_py():
+        return batch
+    errors = batch.column("error").to_pylist()
+    for row in pc.indices_nonzero(pc.invert(finite)).to_pylist():
+        errors[row] = errors[row] or {"boundary": "verifier", "type": NON_FINITE_REWARD,
+                                      "message": f"the stored reward {rewards[row].as_py()!r} is not a finite number"}
+    at = batch.schema.get_field_index
+    batch = batch.set_column(at("reward"), batch.schema.field("reward"),
+                             pc.if_else(finite, rewards, pa.scalar(None, pa.float64())))
+    errors_column = pa.array(errors, ROLLOUT_SCHEMA.field("error").type)
+    return batch.set_column(at("error"), batch.schema.field("error"), errors_column)
+
+
+def _rollout_id(batch: pa.RecordBatch, row: int) -> str | None:
+    return batch.column("rollout_id")[row].as_py()
+
+
+def _error(shard: str, column: str, row: int, problem: str, rollout_id: str | None = None) -> ShardError:
+    which = f"row {row}" + (f" (rollout {rollout_id!r})" if rollout_id else "")
+    return ShardError(f"shard {shard}: column {column!r}, {which} {problem}; {FIX}", shard=shard)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200] if text else ''}"
