@@ -27,7 +27,7 @@ from hubgym.cli import app
 from hubgym.errors import ShardError, SkippedShardsWarning
 from hubgym.hub import LocalHub
 from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push_rollouts
-from hubgym.rollout.report import non_finite_rewards, scan_rollouts, summarize
+from hubgym.hub.rollout_stats import non_finite_rewards, scan_rollouts, summarize
 from hubgym.score.rescore import rescore
 from hubgym.score.sources import open_source
 from hubgym.stats.table import TaskStats

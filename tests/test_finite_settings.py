@@ -87,7 +87,7 @@ def test_a_mixture_run_of_a_trillion_tasks_is_refused_up_front(tmp_path):
 
 
 def test_wrap_bounds_a_regex_that_backtracks_and_names_a_file_that_is_not_utf8(tmp_path, monkeypatch):
-    from hubgym import wrap_checks
+    from hubgym.authoring import source_checks as wrap_checks
 
     monkeypatch.setattr(wrap_checks, "REGEX_LIMIT_S", 0.5)
     data = tmp_path / "slow.jsonl"

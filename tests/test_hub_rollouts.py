@@ -25,7 +25,7 @@ from hubgym.hub import HfHub, LocalHub
 from hubgym.envs import push_env
 from hubgym.hub.factory import get_hub
 from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push_rollouts
-from hubgym.hub.shards import sha256_file
+from hubgym.files import sha256_file
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant

@@ -16,7 +16,8 @@ import pytest
 
 from hubgym.envs import resolve_env
 from hubgym.hub.rollout_card import env_stats
-from hubgym.rollout.report import SUMMARY_COLUMNS, pass_at_k, plot_rewards, reward_figure, scan_rollouts, summarize
+from hubgym.hub.rollout_stats import SUMMARY_COLUMNS, pass_at_k, scan_rollouts, summarize
+from hubgym.rollout.report import plot_rewards, reward_figure
 from hubgym.schemas import assistant, interaction, make_task, rollouts_to_table, user
 from hubgym.schemas.rollouts import Rollout
 from hubgym.train.evaluate import env_metrics

@@ -31,7 +31,7 @@ from hubgym.envs import resolve_env
 from hubgym.errors import ToolNotFoundError
 from hubgym.rollout import ChatRenderer, LoopContext, RolloutConfig, SamplingArgs, VLLMEngine, run_group, run_rollouts
 from hubgym.rollout.engines import Request
-from hubgym.rollout.report import shard_files
+from hubgym.hub.rollout_stats import shard_files
 from hubgym.envs import open_env
 from hubgym.rollout.run import rollout_id
 from hubgym.schemas import validate_rollouts
@@ -262,7 +262,7 @@ def test_every_builtin_env_kind_makes_valid_shards(mixed, renderer):
 def test_real_shards_load_with_datasets_and_polars(mixed, tmp_path):
     import datasets
 
-    from hubgym.rollout.report import scan_rollouts, summarize
+    from hubgym.hub.rollout_stats import scan_rollouts, summarize
 
     _, rows, _, out = mixed
     files = [str(p) for p in shard_files([out])]

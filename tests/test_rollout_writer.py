@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from hubgym.errors import SchemaError
-from hubgym.rollout.report import shard_files
+from hubgym.hub.rollout_stats import shard_files
 from hubgym.rollout.writer import ShardWriter, worker_name
 from hubgym.schemas import assistant, interaction, rollouts_to_table, tool_result, user, validate_rollouts
 from hubgym.schemas.rollouts import Rollout

@@ -33,7 +33,7 @@ from hubgym.hub.manifest import METADATA_FILES
 from hubgym.hub.manifest import MANIFEST_FILE, config_files, read_manifest
 from hubgym.hub.rollouts import iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.trust import load_hub_verifier
-from hubgym.rollout.report import scan_rollouts, summarize
+from hubgym.hub.rollout_stats import scan_rollouts, summarize
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.score.sources import open_source

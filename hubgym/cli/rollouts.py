@@ -219,7 +219,7 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
     """Summarize stored rollouts per env (rewards, pass@1, pass@k, answer-format and tool-call parse failures,
     turns, truncation, errors) + a PNG of reward counts, rates and components."""
     from hubgym.rollout import plot_rewards, scan_rollouts, summarize
-    from hubgym.rollout.report import non_finite_rewards
+    from hubgym.hub.rollout_stats import non_finite_rewards
 
     with skipped_shards_noted():  # each shard is checked as iter_rollouts checks it
         rollouts = scan_rollouts(sources, skip_bad=skip_bad)

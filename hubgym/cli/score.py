@@ -116,7 +116,8 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
 
     choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
     rows = iter(rows_of(sources, hub, skip_bad=skip_bad))
-    first = next(rows, None)
+    with skipped_shards_noted():  # the first row is read before the model loads: its shards' notes come here
+        first = next(rows, None)
     try:
         if first is not None:
             choice.spec(first["env"])  # a refusal needs no model: it comes before the tokenizer loads

@@ -1,6 +1,6 @@
 """The README.md of a rollout repo: YAML `configs:` (one per run) for `load_dataset`, and a page per run for people.
 
-    run_summary(shards, manifests)   # -> the run's summary.json: provenance + per-worker stats (report.summarize)
+    run_summary(shards, manifests)   # -> the run's summary.json: provenance + per-worker stats (rollout_stats.summarize)
     render_card(repo, runs)          # runs: {name: (index.json, summary.json)} of every run in the repo
 
 Stats are kept per worker (the prefix of the shard names, e.g. w000of004) so that workers pushing
@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from hubgym.hub.manifest import StoredFile, expect
-from hubgym.rollout.report import scan_rollouts, summarize
+from hubgym.hub.rollout_stats import scan_rollouts, summarize
 
 _PROVENANCE = ("model", "policy_version", "engine", "engine_version", "split", "n", "sampling",
                "chat_template_sha256", "schema_version")

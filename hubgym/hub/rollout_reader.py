@@ -185,7 +185,7 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
     for source, loaded in _prefetched(sources, verify):
         if verify and isinstance(loaded, LoadedShard):
             try:
-                seen.add_loaded(loaded)
+                seen.add(loaded.source.name, loaded.ids)
             except ShardError as exc:
                 loaded = exc
         if isinstance(loaded, ShardError):

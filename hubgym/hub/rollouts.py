@@ -38,7 +38,8 @@ from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exp
     open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
 )
 from hubgym.hub.shard_checks import SeenRollouts
-from hubgym.hub.shards import ShardSource, load_shard, sha256_file
+from hubgym.files import sha256_file
+from hubgym.hub.shards import ShardSource, load_shard
 
 SUMMARY_FILE = "summary.json"
 
@@ -105,7 +106,7 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
             raise ShardError(f"shard {path} changed after it was written: its sha256 is {sha}, the run manifest "
                              f"records {info['sha256']}. Delete it and re-run the rollout (it resumes)",
                              shard=str(path))
-        seen.add_loaded(loaded)  # a rollout two shards hold is never published
+        seen.add(loaded.source.name, loaded.ids)  # a rollout two shards hold is never published
         mine = _features(loaded.reader.schema, path)
         if features is not None and mine != features:
             raise ShardError(f"shard {path} has other columns than {shards[0].name}; a run's shards share one schema "

@@ -1,7 +1,7 @@
 """What a stored rollout shard must hold before any of its values is used: checked once, where its bytes open.
 
     check_batch(batch, "r1/shards/w000of001-00000.arrow", first_row=0, ids=set())   # ShardError, or nothing
-    seen = SeenRollouts(); seen.add_loaded(loaded) # a rollout id already read from another shard: ShardError
+    seen = SeenRollouts(); seen.add(shard, ids)     # a rollout id already read from another shard: ShardError
     batch = as_read(batch)                         # what readers hand out: today's types, non-finite rewards as errors
 
 A recorded sha256 says the bytes are those someone recorded, not that hubgym's writer wrote them: the run
@@ -20,7 +20,7 @@ in `errors` and training leaves it out.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import msgspec
 import pyarrow as pa
@@ -31,9 +31,6 @@ from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, upgrade_batch
 from hubgym.schemas.tasks import parse_json
 
 _DECODE = msgspec.json.Decoder().decode
-
-if TYPE_CHECKING:
-    from hubgym.hub.shards import LoadedShard
 
 FIX = "re-run the rollout (it resumes and rewrites only what is missing) and push the run again"
 REQUIRED = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "prompt", "completion", "info",
@@ -169,9 +166,6 @@ class SeenRollouts:
                              f"rollout is stored once, and read twice it would count twice; read one of the two "
                              f"runs, or {FIX}", shard=shard)
         self.owner.update(dict.fromkeys(ids, shard))
-
-    def add_loaded(self, loaded: "LoadedShard") -> None:
-        self.add(loaded.source.name, loaded.ids)
 
 
 def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -8,7 +8,8 @@ vLLM and torch load only when an engine is created.
 
 from hubgym.rollout.engines import Engine, EngineError, OpenAIEngine, RequestError, Sample, SamplingArgs, VLLMEngine
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
-from hubgym.rollout.report import plot_rewards, scan_rollouts, summarize
+from hubgym.hub.rollout_stats import scan_rollouts, summarize
+from hubgym.rollout.report import plot_rewards
 from hubgym.rollout.run import RolloutConfig, RunSummary, run_rollouts
 from hubgym.rollout.server import VLLMServer
 from hubgym.rollout.tokens import ChatRenderer, TokenRecord

@@ -65,7 +65,7 @@ def evaluate(engine, envs: list[str], *, model: str, out: Path, step: int, split
              chat_options: dict[str, Any] | None = None) -> dict[str, float]:
     """Sample the held-out split of each env with the current weights; eval/<env>/* metrics. `chat_options`:
     tool_parser, reasoning_parser, chat_template_kwargs, as the online rollouts use them."""
-    from hubgym.rollout.report import scan_rollouts, summarize
+    from hubgym.hub.rollout_stats import scan_rollouts, summarize
     from hubgym.rollout.run import RolloutConfig, run_rollouts
 
     config = RolloutConfig(envs=envs, model=model, out=str(out / f"step-{step:06d}"), n=n, limit=limit, split=split,

@@ -83,7 +83,7 @@ class LocalShards:
                 self._reader = None
                 return None
             loaded = load_shard(self._sources[self._file])
-            self._seen.add_loaded(loaded)
+            self._seen.add(loaded.source.name, loaded.ids)
             self._reader, self._batch = loaded.reader, 0
         batch = as_read(self._reader.get_batch(self._batch))  # today's column types; a non-finite reward: an error
         self._batch += 1
