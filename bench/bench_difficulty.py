@@ -46,7 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 from hubgym.envs import OpenedEnv, open_env  # noqa: E402
-from hubgym.rollout.engines import SamplingArgs  # noqa: E402
+from hubgym.engines import SamplingArgs  # noqa: E402
 from hubgym.stats import DifficultyBand, TaskStats  # noqa: E402
 
 CATALOG = ["arithmetic:sums", "arithmetic:easy", "arithmetic:medium", "arithmetic:hard", "reverse_text:words"]
@@ -77,7 +77,7 @@ class Sampler:
 
     def __init__(self, model: str, n: int, max_tokens: int, max_model_len: int):
         from hubgym.models import resolve_model
-        from hubgym.rollout.engines import VLLMEngine
+        from hubgym.engines import VLLMEngine
         from hubgym.rollout.run import make_renderer
 
         self.model = resolve_model(model)

@@ -153,7 +153,7 @@ class MemoryRun:
 
 def make_engine(model_dir: Path, plan: Plan):
     from hubgym.models import resolve_model
-    from hubgym.rollout import VLLMEngine
+    from hubgym.engines import VLLMEngine
     from hubgym.models.tiny import make_tiny_model
 
     folder = make_tiny_model(model_dir) if plan.model == "tiny" else resolve_model(plan.model)
@@ -163,7 +163,8 @@ def make_engine(model_dir: Path, plan: Plan):
 
 
 def rollout_config(work: Workload, out: Path, max_model_len: int, model: str = "tiny"):
-    from hubgym.rollout import RolloutConfig, SamplingArgs
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig
 
     return RolloutConfig(envs=work.envs, model="tiny-model" if model == "tiny" else model, out=str(out), n=work.n,
                          limit=work.limit, split=work.split, sampling=SamplingArgs(max_tokens=work.max_tokens),

@@ -116,7 +116,8 @@ def write_run(folder: Path, rows: list[dict]) -> Path:
 
 def vllm_run(folder: Path, env: str, tasks: int, n: int) -> Path:
     """A real rollout run: vLLM's offline engine, the tiny local model."""
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
     from hubgym.models.tiny import default_tiny_model
 
     config = RolloutConfig(envs=[env], model=str(default_tiny_model()), out=str(folder), n=n, limit=tasks,

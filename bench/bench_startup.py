@@ -60,15 +60,16 @@ def main(model_name, started, env, out):
     import hubgym.cli  # the command's own imports
     imported = time.time()
     from hubgym.models import context_length, resolve_model
-    from hubgym.rollout import RolloutConfig, SamplingArgs
-    from hubgym.rollout.run import load_run_envs, make_engine, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig
+    from hubgym.rollout.run import engine_for, load_run_envs, run_rollouts
     model = resolve_model(model_name, setting="--model")
     config = RolloutConfig(envs=[env], model=model, out=out, n=1, limit=1, sampling=SamplingArgs(max_tokens=1),
                            max_model_len=context_length(model, None))
     resolved = time.time()
     load_run_envs(config)
     opened = time.time()
-    engine = make_engine(config)
+    engine = engine_for(config)
     built = time.time()
     run_rollouts(config, engine=engine, progress=False)
     done = time.time()
@@ -101,11 +102,11 @@ def engine_settings(folder: str) -> dict:
     """The LLM(...) arguments hubgym's offline engine passes for this folder on this machine, less its own weight
     receiver (the in-memory weight sync, a hubgym addition: its cost is counted on hubgym's side)."""
     from hubgym.models import context_length
-    from hubgym.rollout.engines import engine_settings as settings
+    from hubgym.engines import EngineSettings
 
     length = context_length(folder, None)
     return {"max_model_len": length, "seed": 0, "enable_prefix_caching": True, "enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(8192, length), **settings("auto", None, 1, False)}
+            "max_num_batched_tokens": max(8192, length), **EngineSettings().vllm_args()}
 
 
 def bench_model(name: str, rounds: int) -> dict:

@@ -63,7 +63,8 @@ def seed_rows(seed_run: Path | None, tmp: Path) -> list[dict]:
     from hubgym.hub.rollouts import iter_rollouts
 
     if seed_run is None:
-        from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
+        from hubgym.engines import SamplingArgs, VLLMEngine
+        from hubgym.rollout import RolloutConfig, run_rollouts
         from hubgym.models.tiny import make_tiny_model
 
         seed_run, model = tmp / "seed-run", str(make_tiny_model(tmp / "tiny-model"))

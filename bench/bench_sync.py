@@ -50,7 +50,7 @@ def prompt_logprobs(engine, ids: list[int]) -> list[float]:
 
 
 def bench_model(name: str, model_dir: str, syncs: int) -> dict:
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
     from hubgym.train.sync import engine_dtype, sync_weights
 
     state = perturbed_state(model_dir)

@@ -79,7 +79,8 @@ def export_tasks(spec: str, limit: int, split: str = "test") -> list[dict[str, A
 
 def run_hubgym(spec: str, mode: str, concurrency: int, seed: int, args: argparse.Namespace, base_url: str,
                model: str, out: Path, tasks: int) -> dict:
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
 
     config = RolloutConfig(envs=[spec], model=model, out=str(out), engine="openai", base_url=base_url, mode=mode,
                            n=args.n, limit=tasks, split=args.split,
@@ -97,7 +98,7 @@ def run_hubgym(spec: str, mode: str, concurrency: int, seed: int, args: argparse
 def clocked_engine(*args: Any, **kwargs: Any) -> Any:
     """hubgym's OpenAIEngine that notes the process's CPU time at its first request: a run's client CPU is counted
     from there (as verifiers' is around `env.generate`), not over building the task rows and the tokenizer."""
-    from hubgym.rollout import OpenAIEngine
+    from hubgym.engines import OpenAIEngine
 
     class CPUClockedEngine(OpenAIEngine):
         cpu_at_first_request: float | None = None
@@ -199,7 +200,7 @@ def open_server(args: argparse.Namespace, model: str, work: Path) -> Any:
         from hubgym.rollout.instant_server import InstantServer
 
         return InstantServer(model, workers=args.server_workers, log_path=work / "instant.log")
-    from hubgym.rollout.server import VLLMServer
+    from hubgym.engines.server import VLLMServer
 
     return VLLMServer(model, max_model_len=args.max_model_len, tool_parser="hermes", log_path=work / "vllm.log")
 

@@ -46,7 +46,8 @@ OPENED = 200
 def make_run(root: Path, shards: int, rows: int) -> Path:
     """A real small wordle run, its rows copied under new ids into `shards` x `rows` rows."""
     from hubgym.hub.rollout_reader import iter_rollouts
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
     from hubgym.rollout.instant_server import InstantServer
     from hubgym.models.tiny import make_tiny_model
     from hubgym.rollout.writer import ShardWriter, worker_name

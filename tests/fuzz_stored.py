@@ -65,7 +65,8 @@ def build_corpus(root: Path) -> dict[str, Any]:
     if described.exists():
         return json.loads(described.read_text())
     from hubgym.hub import LocalHub, push_env, push_rollouts
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
     from hubgym.rollout.instant_server import InstantServer
     from hubgym.models.tiny import make_tiny_model
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import psutil
 
-from hubgym.rollout.server import free_port
+from hubgym.engines.server import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 PORT_OPTIONS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",

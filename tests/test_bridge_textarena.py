@@ -213,7 +213,7 @@ def test_a_real_rollout_of_two_games_replays_exactly(tiny_model, tmp_path):
 
     from hubgym.cli import app
     from hubgym.hub.rollouts import iter_rollouts
-    from hubgym.rollout.engines import SamplingArgs, VLLMEngine
+    from hubgym.engines import SamplingArgs, VLLMEngine
     from hubgym.rollout.run import RolloutConfig, run_rollouts
 
     engine = VLLMEngine(str(tiny_model), max_model_len=2048, enforce_eager=True)

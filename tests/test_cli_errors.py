@@ -177,7 +177,7 @@ def test_the_context_length_defaults_to_the_models_own_limit(world):
 
 
 def test_the_vllm_engine_refuses_a_context_past_the_model_before_vllm_sees_it(world):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     with pytest.raises(ContextLengthError, match=r"^max_model_len 4096 is more than the 2048 positions"):
         VLLMEngine(str(world / "model-2048"), max_model_len=4096)  # training's online.max_model_len goes here

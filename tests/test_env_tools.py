@@ -115,7 +115,7 @@ def test_the_scaffolded_tool_env_scores_its_golden_cases_with_the_explicit_succe
 ROLLOUT_SCRIPT = '''
 import re, sys
 from hubgym.rollout import RolloutConfig, run_rollouts
-from hubgym.rollout.engines import SamplingArgs
+from hubgym.engines import SamplingArgs
 
 ref, pin, hub, model, out = sys.argv[1:]
 CALL = '<tool_call>\\n{"name": "convert", "arguments": {"value": 3.5, "from_unit": "km", "to_unit": "m"}}\\n</tool_call>'

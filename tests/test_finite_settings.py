@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from hubgym.cli import app
 from hubgym.errors import EnvContractError, SettingError
 from hubgym.mixture import Mixture, load_spec, parse_spec
-from hubgym.rollout.engines import SamplingArgs
+from hubgym.engines import SamplingArgs
 from hubgym.train.config import TINY_CONFIG, ConfigError, load_config
 
 runner = CliRunner()

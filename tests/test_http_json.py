@@ -5,7 +5,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from hubgym.rollout.http_json import JSONClient, ServerRefused, ServerUnavailable
+from hubgym.engines.http_json import JSONClient, ServerRefused, ServerUnavailable
 
 
 def serve(answers: list[tuple[int, dict, str]], coro_factory):
@@ -65,7 +65,7 @@ def test_a_server_that_keeps_failing_gives_up_after_the_retries_without_the_key(
 
 
 def test_an_unreachable_server_is_unavailable():
-    from hubgym.rollout.server import free_port
+    from hubgym.engines.server import free_port
 
     with pytest.raises(ServerUnavailable, match="Connect"):
         asyncio.run(post_once(f"http://127.0.0.1:{free_port()}/v1", retries=0))

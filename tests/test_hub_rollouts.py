@@ -26,7 +26,8 @@ from hubgym.envs import push_env
 from hubgym.hub.factory import get_hub
 from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push_rollouts
 from hubgym.files import sha256_file
-from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+from hubgym.engines import SamplingArgs
+from hubgym.rollout import RolloutConfig, run_rollouts
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.score.rescore import rescore
@@ -75,7 +76,7 @@ ANSWER = r"<answer>[0-9]{1,2}</answer>"  # constrained replies: some right, some
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     engine = VLLMEngine(str(tiny_model), max_model_len=512)
     yield engine

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pytest
 from transformers import AutoTokenizer
 
-from hubgym.rollout import EngineError, OpenAIEngine, RolloutConfig, SamplingArgs, run_rollouts
-from hubgym.rollout.engines import Request
+from hubgym.engines import EngineError, OpenAIEngine, SamplingArgs
+from hubgym.rollout import RolloutConfig, run_rollouts
+from hubgym.engines import Request
 from hubgym.rollout.instant_replies import ReplyBook, tictactoe_text
 from hubgym.rollout.instant_server import InstantServer
 from hubgym.rollout.tokens import ChatRenderer, audit_tokens

@@ -42,7 +42,8 @@ def vf_eval(tiny_model: Path, base_url: str, out: Path) -> Path:
 @pytest.fixture(scope="module")
 def runs(tiny_model, tmp_path_factory):
     """(verifiers' run folder, hubgym's own run of the same env and tasks against the same server)."""
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
     from hubgym.rollout.instant_server import InstantServer
 
     root = tmp_path_factory.mktemp("verifiers")

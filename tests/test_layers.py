@@ -22,7 +22,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("envs",),  # opening any env: refs, pins, open_env, the data path, build, push, catalog
     ("mixture",),  # task streams over many env configs
     ("models",),  # model references, the tiny model, SmolLM2
-    ("rollout",),  # engines, the agent loop, token records, shards, reports
+    ("engines",),  # the Engine protocol, EngineSettings and make_engine, vLLM offline, OpenAI client, vllm serve
+    ("rollout",),  # the agent loop, token records, the shard writer, the run, its report
     ("score", "stats"),  # re-scoring and replay; task difficulty across runs
     ("train", "cluster", "integrations"),  # GRPO on DeepSpeed; Ray; hubgym in TRL and verifiers
     ("conformance",),  # the checks behind `hubgym check`

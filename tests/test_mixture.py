@@ -196,7 +196,7 @@ def test_a_seed_override_is_another_env_config_of_the_same_generator():
 
 
 def test_the_online_producer_resumes_its_draw_from_the_stored_manifest(tmp_path):
-    from hubgym.rollout.engines import SamplingArgs
+    from hubgym.engines import SamplingArgs
     from hubgym.train.online import OnlineProducer
 
     lst = fake_listing(30, rows=20)
@@ -268,7 +268,8 @@ def test_rollout_mix_options_are_checked_before_any_model_loads(tmp_path, args, 
 @pytest.mark.slow
 def test_rollout_samples_a_mixture_and_resumes(tiny_model, tmp_path):
     from hubgym.hub.rollouts import iter_rollouts
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
 
     spec = tmp_path / "mix.yaml"
     spec.write_text(MIX_SPEC)
@@ -301,7 +302,7 @@ def test_a_hub_env_streams_into_the_mixture_and_builders_write_no_cache(tmp_path
 
 
 def test_a_resumed_producer_feeds_its_filter_every_stored_step_in_order(tmp_path):
-    from hubgym.rollout.engines import SamplingArgs
+    from hubgym.engines import SamplingArgs
     from hubgym.train.online import OnlineProducer
 
     class Recording(RejectListed):

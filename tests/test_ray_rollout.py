@@ -22,7 +22,8 @@ import pyarrow as pa
 import pytest
 
 from hubgym.hub.rollouts import iter_rollouts
-from hubgym.rollout import RolloutConfig, SamplingArgs
+from hubgym.engines import SamplingArgs
+from hubgym.rollout import RolloutConfig
 from hubgym.rollout.run import mine
 from hubgym.verifiers import arithmetic as arithmetic_verifier
 

@@ -17,7 +17,7 @@ import pytest
 
 import hubgym
 from hubgym.errors import ChatFormatError
-from hubgym.rollout.engines import Request, Sample, SamplingArgs
+from hubgym.engines import Request, Sample, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
 from hubgym.rollout.run import RolloutConfig, run_rollouts, to_row
 from hubgym.rollout.tokens import ChatRenderer, audit_tokens
@@ -279,7 +279,7 @@ def test_an_env_with_tools_is_refused_for_a_template_without_tools(smollm2_model
 
 @pytest.fixture(scope="module")
 def smollm2_engine(smollm2_model):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     engine = VLLMEngine(str(smollm2_model), max_model_len=1024)
     yield engine

@@ -18,8 +18,8 @@ from safetensors.torch import load_file, save_file
 
 from hubgym.errors import EngineError
 from hubgym.hub.rollouts import iter_rollouts
-from hubgym.rollout.engines import Request, SamplingArgs, VLLMEngine
-from hubgym.rollout.server import VLLMServer, free_port
+from hubgym.engines import Request, SamplingArgs, VLLMEngine
+from hubgym.engines.server import VLLMServer, free_port
 from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.remote_sync import RemoteWeights, ServerEngine, server_root, sync_remote_weights
 from hubgym.train.trainer import Trainer

@@ -15,7 +15,7 @@ from hubgym.builders.registry import BUILTIN_ENVS
 from hubgym.envs import resolve_env
 from hubgym.cli import app
 from hubgym.hub.rollouts import iter_rollouts, push_rollouts
-from hubgym.rollout.engines import SamplingArgs, VLLMEngine
+from hubgym.engines import SamplingArgs, VLLMEngine
 from hubgym.rollout.run import RolloutConfig, run_rollouts
 from hubgym.rollout.tokens import ChatRenderer, TokenRecord
 from hubgym.rollout.writer import ShardWriter

@@ -52,7 +52,8 @@ ENGINE_DIES_FIRST = r'''
 import os, signal, sys
 import psutil
 from hubgym.errors import EngineError
-from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
+from hubgym.engines import SamplingArgs, VLLMEngine
+from hubgym.rollout import RolloutConfig, run_rollouts
 
 class DiesOfCtrlCFirst(VLLMEngine):
     finished, signalled = 0, False

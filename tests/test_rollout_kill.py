@@ -33,7 +33,7 @@ def test_the_reaper_kills_every_process_started_in_engine_process_env_when_its_p
     """Marked children and their own children die with the process; a child started outside is left alone."""
     script = textwrap.dedent("""
         import subprocess, sys, time
-        from hubgym.rollout.reaper import engine_process_env
+        from hubgym.engines.reaper import engine_process_env
         sleep = [sys.executable, "-c", "import time; time.sleep(600)"]
         spawner = [sys.executable, "-c", "import subprocess, sys, time; "
                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); time.sleep(600)"]

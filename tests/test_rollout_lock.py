@@ -112,7 +112,7 @@ def test_run_rollouts_refuses_another_runs_folder_before_starting_an_engine(tmp_
 
 
 def test_an_online_step_being_written_by_another_trainer_is_refused(tmp_path):
-    from hubgym.rollout.engines import SamplingArgs
+    from hubgym.engines import SamplingArgs
     from hubgym.train.online import OnlineProducer
 
     producer = OnlineProducer([("arithmetic:tiny", 1.0)], split="train", model="unused", out_dir=tmp_path, n=2,

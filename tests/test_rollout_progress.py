@@ -41,7 +41,8 @@ def test_bar_counts_groups_rollouts_resumed_and_failed():
 SCRIPT = textwrap.dedent("""
     import sys
     from hubgym.errors import EngineError, RequestError
-    from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
+    from hubgym.engines import SamplingArgs, VLLMEngine
+    from hubgym.rollout import RolloutConfig, run_rollouts
 
     class Scripted(VLLMEngine):
         '''The real engine; the i-th request (one per group: single_turn, concurrency 1) fails as `faults` says.'''

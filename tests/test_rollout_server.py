@@ -19,9 +19,10 @@ import pyarrow as pa
 import pytest
 
 from hubgym.envs import resolve_env
-from hubgym.rollout import EngineError, OpenAIEngine, RolloutConfig, SamplingArgs, run_rollouts
+from hubgym.engines import EngineError, OpenAIEngine, SamplingArgs
+from hubgym.rollout import RolloutConfig, run_rollouts
 from hubgym.rollout.run import rollout_id
-from hubgym.rollout.server import VLLMServer, free_port
+from hubgym.engines.server import VLLMServer, free_port
 from hubgym.rollout.tokens import ChatRenderer
 from hubgym.schemas import validate_rollouts
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES
@@ -198,7 +199,7 @@ def test_an_unreachable_server_fails_after_the_retries_and_leaves_a_resumable_ru
     url = f"http://127.0.0.1:{free_port()}/v1"
     config = RolloutConfig(envs=["arithmetic:easy"], model=str(tiny_model), out=str(tmp_path / "run"), engine="openai",
                            base_url=url, n=2, limit=1, sampling=SamplingArgs(max_tokens=8))
-    caplog.set_level(logging.INFO, logger="hubgym.rollout.http_json")
+    caplog.set_level(logging.INFO, logger="hubgym.engines.http_json")
     with pytest.raises(EngineError, match=f"^OpenAI-compatible server at {url} failed after 2 retries "):
         run_rollouts(config, engine=_engine(config, max_retries=2), progress=False)
     retries = [r for r in caplog.records if r.getMessage().startswith("Retrying request")]

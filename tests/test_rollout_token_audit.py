@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from hubgym.hub.rollouts import iter_rollouts
-from hubgym.rollout.engines import SamplingArgs, VLLMEngine
+from hubgym.engines import SamplingArgs, VLLMEngine
 from hubgym.rollout.run import RolloutConfig, run_rollouts
 from hubgym.rollout.tokens import ChatRenderer
 from hubgym.score.replay import audit_tokens, replay

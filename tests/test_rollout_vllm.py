@@ -29,8 +29,9 @@ import pytest
 from hubgym.envs.build import build_tasks
 from hubgym.envs import resolve_env
 from hubgym.errors import ToolNotFoundError
-from hubgym.rollout import ChatRenderer, LoopContext, RolloutConfig, SamplingArgs, VLLMEngine, run_group, run_rollouts
-from hubgym.rollout.engines import Request
+from hubgym.engines import SamplingArgs, VLLMEngine
+from hubgym.rollout import ChatRenderer, LoopContext, RolloutConfig, run_group, run_rollouts
+from hubgym.engines import Request
 from hubgym.hub.rollout_stats import shard_files
 from hubgym.envs import open_env
 from hubgym.rollout.run import rollout_id
@@ -84,7 +85,8 @@ def call_regex(name: str, arguments: str) -> str:
 
 RESUME_SCRIPT = textwrap.dedent("""
     import json, sys
-    from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
+    from hubgym.engines import SamplingArgs, VLLMEngine
+    from hubgym.rollout import RolloutConfig, run_rollouts
 
     if __name__ == "__main__":
         fields = json.loads(sys.argv[1])

@@ -10,7 +10,8 @@ import pytest
 from hubgym.envs import push_env
 from hubgym.hub.factory import get_hub
 from hubgym.hub.rollouts import iter_rollouts, push_rollouts
-from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+from hubgym.engines import SamplingArgs
+from hubgym.rollout import RolloutConfig, run_rollouts
 from hubgym.score.rescore import plot_diff, rescore
 
 from hub_server import TOKEN
@@ -21,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Use 'content=
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     engine = VLLMEngine(str(tiny_model), max_model_len=512)
     yield engine

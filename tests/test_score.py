@@ -23,7 +23,8 @@ from hubgym.errors import NoShardsError, RescoreError, ShardError, VerifierNotTr
 from hubgym.hub import LocalHub
 from hubgym.envs import push_env
 from hubgym.hub.rollouts import push_rollouts
-from hubgym.rollout import RolloutConfig, SamplingArgs, VLLMEngine, run_rollouts
+from hubgym.engines import SamplingArgs, VLLMEngine
+from hubgym.rollout import RolloutConfig, run_rollouts
 from hubgym.rollout.writer import ShardWriter
 from hubgym.score import rescore
 from hubgym.verifiers import arithmetic as arithmetic_verifier

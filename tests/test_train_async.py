@@ -16,7 +16,7 @@ import pytest
 from safetensors.torch import load_file
 
 from hubgym.hub.rollouts import iter_rollouts
-from hubgym.rollout.engines import VLLMEngine
+from hubgym.engines import VLLMEngine
 from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 

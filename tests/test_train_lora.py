@@ -72,7 +72,7 @@ def test_only_the_adapters_train_and_the_reference_is_the_base_model(lora_run, t
 
 
 def test_vllm_samples_the_trained_lora_policy(lora_run, tiny_model, tmp_path):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     trainer, _, _ = lora_run
     engine = VLLMEngine(str(tiny_model), max_model_len=512)

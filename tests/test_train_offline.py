@@ -84,7 +84,7 @@ def test_a_stopped_run_resumes_with_each_step_logged_once(tiny_model, rollouts, 
 
 
 def test_the_online_producer_refuses_a_stored_step_of_another_run(tiny_model, tmp_path):
-    from hubgym.rollout.engines import SamplingArgs
+    from hubgym.engines import SamplingArgs
     from hubgym.train.config import ConfigError
     from hubgym.train.online import OnlineProducer
 

@@ -16,7 +16,7 @@ import pytest
 
 from hubgym.errors import RolloutsStopped
 from hubgym.hub.rollouts import iter_rollouts
-from hubgym.rollout.engines import SamplingArgs, VLLMEngine
+from hubgym.engines import SamplingArgs, VLLMEngine
 from hubgym.rollout.tokens import ChatRenderer
 from hubgym.train.online import OnlineProducer
 

@@ -21,7 +21,7 @@ TOL = 1e-3  # float32 on both sides; vLLM's CPU kernels differ from torch's in t
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     engine = VLLMEngine(str(tiny_model), max_model_len=1024)
     yield engine
@@ -162,7 +162,7 @@ def newest_engine_core() -> psutil.Process:
 
 
 def test_a_killed_engine_core_is_detected_and_restarted(engine, prompt, tiny_model, tmp_path):
-    from hubgym.rollout.engines import Request, SamplingArgs
+    from hubgym.engines import Request, SamplingArgs
 
     model = perturbed(tiny_model, 40)
     sync_weights(engine, model.state_dict(), 40, tmp_path / "sync")

@@ -48,7 +48,7 @@ class Served:
     def __init__(self, app):
         import uvicorn
 
-        from hubgym.rollout.server import free_port
+        from hubgym.engines.server import free_port
 
         self.port = free_port()
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
@@ -275,7 +275,7 @@ def test_the_view_command_serves_the_page_until_stopped(runs):
 
     import httpx
 
-    from hubgym.rollout.server import free_port
+    from hubgym.engines.server import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "hubgym", "view", str(runs.wordle_a), str(runs.tools),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hubgym.rollout.vllm_logging import apply_vllm_log_level, set_verbose
+from hubgym.engines.vllm_logging import apply_vllm_log_level, set_verbose
 
 VLLM_INFO = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) INFO ", re.M)  # "(EngineCore pid=12) INFO 11-25 ..."
 VLLM_WARNING = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) WARNING ", re.M)

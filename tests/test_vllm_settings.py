@@ -9,7 +9,7 @@ import math
 import pytest
 
 from hubgym.errors import EngineError
-from hubgym.rollout.engines import Request, SamplingArgs, VLLMEngine, engine_settings
+from hubgym.engines import EngineSettings, Request, SamplingArgs, VLLMEngine
 from hubgym.train.config import TINY_CONFIG, ConfigError, load_config
 
 ON_CPU = not __import__("torch").cuda.is_available()
@@ -45,8 +45,8 @@ def test_a_server_run_refuses_local_engine_settings():
 
 @pytest.mark.skipif(not ON_CPU, reason="the CPU backend's rules")
 def test_auto_keeps_float32_on_a_cpu():
-    assert engine_settings("auto")["dtype"] == "float32"
-    assert engine_settings("bfloat16")["dtype"] == "bfloat16"
+    assert EngineSettings(dtype="auto").vllm_args()["dtype"] == "float32"
+    assert EngineSettings(dtype="bfloat16").vllm_args()["dtype"] == "bfloat16"
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the CPU backend's rules")
@@ -57,19 +57,20 @@ def test_auto_keeps_float32_on_a_cpu():
 ])
 def test_what_this_machine_cannot_run_is_refused_before_vllm_starts(tiny_model, kwargs, message):
     with pytest.raises(EngineError, match=message):
-        VLLMEngine(str(tiny_model), max_model_len=256, **kwargs)
+        VLLMEngine(str(tiny_model), max_model_len=256, settings=EngineSettings(**kwargs))
 
 
 def test_the_cli_names_its_options():
     with pytest.raises(EngineError, match=r"^--tensor-parallel-size=3 needs"):
-        engine_settings(tensor_parallel_size=3 if ON_CPU else 10_000, setting="--")
+        EngineSettings(tensor_parallel_size=3 if ON_CPU else 10_000).check(setting="--")
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not ON_CPU, reason="measured on the CPU backend")
 def test_bfloat16_runs_on_this_cpu(tiny_model):
     """vLLM's CPU backend computes in bfloat16 here (AVX2, no native bf16): the engine samples with finite logprobs."""
-    engine = VLLMEngine(str(tiny_model), max_model_len=256, dtype="bfloat16", enforce_eager=True)
+    engine = VLLMEngine(str(tiny_model), max_model_len=256, settings=EngineSettings(dtype="bfloat16"),
+                        enforce_eager=True)
     try:
         assert str(engine.llm.llm_engine.model_config.dtype) == "torch.bfloat16"
         request = Request(ids=[1, 7, 42, 99], messages=[], tools=None, n=2, max_tokens=6, seed=0)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
     engine = VLLMEngine(str(tiny_model), max_model_len=512)
     yield engine

@@ -34,7 +34,8 @@ class ViewRuns:
 
 
 def make_view_runs(tiny_model: Path, root: Path) -> ViewRuns:
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts
     from hubgym.rollout.instant_server import InstantServer
     from hubgym.score import rescore
 

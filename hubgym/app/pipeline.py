@@ -199,7 +199,8 @@ def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, conso
 def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console: Console) -> str:
     from hubgym.app import views
     from hubgym.hub.rollouts import push_rollouts
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts, scan_rollouts, summarize
 
     out = settings.out / "rollouts"
     config = RolloutConfig(envs=[env_ref], model=trainer.model_dir(), out=str(out), n=settings.rollout_n,

@@ -29,7 +29,7 @@ def demo(out: Annotated[Path, typer.Option(help="where everything the job makes 
                                                              "[default: 6 for smollm2-135m, 100 for tiny]")] = None,
          verbose: Verbose = False) -> None:
     """The main job: model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
-    from hubgym.rollout.vllm_logging import set_verbose
+    from hubgym.engines.vllm_logging import set_verbose
 
     set_verbose(verbose)
     from hubgym.app.pipeline import RECIPES, DemoSettings, run_demo

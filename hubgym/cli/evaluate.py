@@ -40,16 +40,16 @@ def evaluate_model(
     verbose: Verbose = False,
 ) -> None:
     """Held-out reward of a model on envs: mean, 95% interval (task-clustered), pass@1 and pass@k."""
-    from hubgym.rollout.vllm_logging import set_verbose
+    from hubgym.engines.vllm_logging import set_verbose
 
     set_verbose(verbose)
     from hubgym.models import context_length, resolve_model
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import make_engine
     from hubgym.train.evaluate import evaluate
 
     folder = resolve_model(model, setting="--model")
     length = context_length(folder, max_model_len, setting="--max-model-len")
-    engine = VLLMEngine(folder, max_model_len=length, seed=seed)
+    engine = make_engine("vllm", folder, max_model_len=length, seed=seed)
     try:
         metrics = evaluate(engine, envs, model=folder, out=out, step=0, split=split, limit=limit, n=n,
                            temperature=temperature, max_tokens=max_tokens, seed=seed, max_model_len=length,

@@ -19,22 +19,15 @@ from rich.text import Text
 from hubgym.app import views
 from hubgym.cli.app import (HUB_HELP, SKIP_BAD_HELP, Verbose, app, console, fail,
                             skipped_shards_noted, user_errors)
+from hubgym.engines.settings import DTYPES, KINDS
 from hubgym.envs.pins import PIN_HELP, parse_pins
 
 
 MAX_MIX_TASKS = 1_000_000  # tasks a --mix run draws (and holds) up front: about 1-5 KB each
 
 
-class EngineKind(str, Enum):
-    vllm = "vllm"
-    openai = "openai"
-
-
-class VllmDtype(str, Enum):
-    auto = "auto"
-    bfloat16 = "bfloat16"
-    float16 = "float16"
-    float32 = "float32"
+EngineKind = Enum("EngineKind", {kind: kind for kind in KINDS}, type=str)  # vllm: offline here; openai: a server
+VllmDtype = Enum("VllmDtype", {dtype: dtype for dtype in DTYPES}, type=str)
 
 
 @app.command()
@@ -45,7 +38,7 @@ def rollout(
     model: Annotated[str, typer.Option(help="model folder (or name served at --base-url); 'tiny' makes a tiny "
                                             "local model")] = "tiny",
     engine: Annotated[EngineKind, typer.Option(help="vllm: offline engine in this process; openai: a server")]
-    = EngineKind.vllm,
+    = EngineKind["vllm"],
     base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible endpoint, e.g. http://127.0.0.1:8000/v1")]
     = None,
     mode: Annotated[str, typer.Option(help="openai engine: 'tokens' (token-in), 'chat' (server renders, native tool "
@@ -80,7 +73,7 @@ def rollout(
                                                                      "'{\"enable_thinking\": false}'")] = None,
     dtype: Annotated[VllmDtype, typer.Option(help="vllm engine: weights and activations; auto: vLLM's choice on a "
                                                   "GPU (bfloat16 for an fp32 checkpoint), float32 on a CPU")]
-    = VllmDtype.auto,
+    = VllmDtype["auto"],
     gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm engine: share of the GPU's memory "
                                                                          "vLLM takes, in (0, 1] [default: vLLM's "
                                                                          "0.9]")] = None,
@@ -99,7 +92,7 @@ def rollout(
     verbose: Verbose = False,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
-    from hubgym.rollout.vllm_logging import set_verbose
+    from hubgym.engines.vllm_logging import set_verbose
 
     set_verbose(verbose)
     if (mix is None) == (not envs):
@@ -119,9 +112,10 @@ def rollout(
     check_ray_options(on_ray, workers, shard_index, num_shards)
     template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads
     from hubgym.models import FALLBACK_CONTEXT, LOCAL_NAMES, context_length, resolve_model
-    from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts, scan_rollouts, summarize
+    from hubgym.engines import SamplingArgs
+    from hubgym.rollout import RolloutConfig, run_rollouts, scan_rollouts, summarize
 
-    if engine == EngineKind.openai:  # the model is a name the server knows; its limit is the server's
+    if engine.value == "openai":  # the model is a name the server knows; its limit is the server's
         if not base_url:
             fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: see the README)")
         if model in LOCAL_NAMES:  # the folder hubgym made here: the server serves it, its tokenizer is here
@@ -138,17 +132,16 @@ def rollout(
                            engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
                            sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
                            max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
-                           concurrency=concurrency, hub=hub, trust=trust, pins=parse_pins(pin))
-    settings = {"dtype": dtype.value, "gpu_memory_utilization": gpu_memory_utilization,
-                "tensor_parallel_size": tensor_parallel_size}
+                           concurrency=concurrency, hub=hub, trust=trust, pins=parse_pins(pin),
+                           engine_settings=engine_options(engine, dtype.value, gpu_memory_utilization,
+                                                          tensor_parallel_size))
     try:
         if on_ray:
             from hubgym.cluster.ray_rollout import run_on_ray
 
-            summary = run_on_ray(config, workers=workers or 1, address=ray_address, engine_settings=settings,
-                                 console=console())
+            summary = run_on_ray(config, workers=workers or 1, address=ray_address, console=console())
         else:
-            summary = run_rollouts(config, engine=_engine_with_settings(config, settings))
+            summary = run_rollouts(config)
     except KeyboardInterrupt:
         console(stderr=True).print(f"[yellow]interrupted: the rollouts stored in {out} stay; the same command resumes "
                                     f"(no rollout sampled twice or left out)")
@@ -195,16 +188,20 @@ def parse_template_kwargs(text: str | None, setting: str) -> dict:
     return check_chat_template_kwargs(value, setting)
 
 
-def _engine_with_settings(config, settings: dict):
-    """A VLLMEngine with the engine options when any differs from its default (checked first: one line naming
-    the option); None otherwise, and run_rollouts starts the engine itself, after its own checks."""
-    from hubgym.rollout.engines import VLLMEngine, engine_settings
+def engine_options(engine: EngineKind, dtype: str, gpu_memory_utilization: float | None,
+                   tensor_parallel_size: int):
+    """The vLLM engine's settings, checked before any model loads (one line naming the option); a server run takes
+    the server's own, so any of them set there is refused."""
+    from hubgym.engines import EngineSettings
 
-    defaults = {"dtype": "auto", "gpu_memory_utilization": None, "tensor_parallel_size": 1}
-    if config.engine != "vllm" or settings == defaults:
-        return None
-    engine_settings(**settings, setting="--")  # before vLLM starts
-    return VLLMEngine(config.model, max_model_len=config.max_model_len, seed=config.sampling.seed, **settings)
+    settings = EngineSettings(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
+                              tensor_parallel_size=tensor_parallel_size)
+    if engine.value == "openai" and not settings.is_default():
+        fail("--dtype, --gpu-memory-utilization and --tensor-parallel-size set the local vLLM engine; with "
+             "--engine openai the server has its own: pass them to `vllm serve`")
+    if engine.value == "vllm" and not settings.is_default():
+        settings.check(setting="--")
+    return settings
 
 
 @app.command("report")

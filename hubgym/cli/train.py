@@ -39,7 +39,7 @@ def train(config: Annotated[Optional[Path], typer.Argument(help="training config
           pin: Annotated[Optional[list[str]], typer.Option(help=PIN_HELP)] = None,
           verbose: Verbose = False) -> None:
     """GRPO on DeepSpeed: stored rollouts first (offline), then fresh vLLM rollouts of the policy (online)."""
-    from hubgym.rollout.vllm_logging import set_verbose
+    from hubgym.engines.vllm_logging import set_verbose
 
     set_verbose(verbose)
     from hubgym.train.config import describe_options, load_config

@@ -60,19 +60,17 @@ class ClusterSummary:
 
 
 def run_on_ray(config: RolloutConfig, *, workers: int, address: str | None = None,
-               engine_settings: dict[str, Any] | None = None, retries: int = WORKER_RETRIES, progress: bool = True,
-               console: Any = None) -> ClusterSummary:
+               retries: int = WORKER_RETRIES, progress: bool = True, console: Any = None) -> ClusterSummary:
     """Sample `config`'s tasks with `workers` Ray workers (one per shard) and wait for all of them.
 
-    `engine_settings`: VLLMEngine's dtype, gpu_memory_utilization, tensor_parallel_size. Ctrl-C stops every
+    Each worker starts its engine with `config.engine_settings` (a GPU per tensor-parallel rank). Ctrl-C stops every
     worker and raises KeyboardInterrupt: what they stored stays, and the same call resumes."""
     if workers < 1:
         raise ClusterError(f"--workers {workers}: give 1 or more (one Ray worker per shard)")
     ray = connect(address)
     config = replace(config, num_shards=workers, shard_index=0, out=str(Path(config.out).absolute()),
                      mix=str(Path(config.mix).absolute()) if config.mix else None)
-    settings = dict(engine_settings or {})
-    gpus = settings.get("tensor_parallel_size", 1) if config.engine == "vllm" and cluster_has_gpus(ray) else 0
+    gpus = config.engine_settings.tensor_parallel_size if config.engine == "vllm" and cluster_has_gpus(ray) else 0
     probe = write_probe(config.out, config.model if config.engine == "vllm" else None)
     board = ray.remote(num_cpus=0)(RunBoard).remote()
     # max_calls=1: a worker process ends with its task, and its engine's memory (a GPU's) goes with it.
@@ -81,7 +79,7 @@ def run_on_ray(config: RolloutConfig, *, workers: int, address: str | None = Non
                "runtime_env": {"env_vars": forwarded_env()}}
     started = time.perf_counter()
     refs = {i: task.options(name=f"hubgym-rollout-{worker_name(i, workers)}", **options).remote(
-                replace(config, shard_index=i), settings, probe, board, os.getcwd())
+                replace(config, shard_index=i), probe, board, os.getcwd())
             for i in range(workers)}
     try:
         with ClusterProgress(workers, config.n, enabled=progress, console=console) as bar:
@@ -95,7 +93,7 @@ def run_on_ray(config: RolloutConfig, *, workers: int, address: str | None = Non
                           {worker_name(i, workers): a - 1 for i, a in watch.attempts.items() if a > 1})
 
 
-def rollout_worker(config: RolloutConfig, settings: dict[str, Any], probe: Probe, board: Any, cwd: str) -> RunSummary:
+def rollout_worker(config: RolloutConfig, probe: Probe, board: Any, cwd: str) -> RunSummary:
     """One shard, in a Ray worker: the same run_rollouts call a hand-started worker makes."""
     # Not waited for: a task blocked in ray.get gives its CPU back to Ray, which would start a waiting worker
     # beside it. Actor calls leave this process at once, long before the engine's start could fail.
@@ -104,28 +102,14 @@ def rollout_worker(config: RolloutConfig, settings: dict[str, Any], probe: Probe
     if os.path.isdir(cwd):  # relative env folders resolve as on the driver
         os.chdir(cwd)
     listener = BoardListener(board, config.shard_index, config.n)
-    summary = run_rollouts(config, engine=make_worker_engine(config, settings), progress=False, listener=listener)
+    summary = run_rollouts(config, progress=False, listener=listener)
     listener.send()
     return summary
 
 
-def make_worker_engine(config: RolloutConfig, settings: dict[str, Any]):
-    """None (run_rollouts starts vLLM itself, after its checks) unless the engine settings differ from the
-    defaults; a tp>1 engine uses vLLM's multiprocessing executor, never Ray, inside this Ray worker."""
-    defaults = {"dtype": "auto", "gpu_memory_utilization": None, "tensor_parallel_size": 1}
-    if config.engine != "vllm" or {**defaults, **settings} == defaults:
-        return None
-    from hubgym.rollout.engines import VLLMEngine, engine_settings
-
-    engine_settings(**{**defaults, **settings}, setting="--")
-    backend = "mp" if settings.get("tensor_parallel_size", 1) > 1 else "uni"
-    return VLLMEngine(config.model, max_model_len=config.max_model_len, seed=config.sampling.seed,
-                      distributed_executor_backend=backend, **{**defaults, **settings})
-
-
 def forwarded_env() -> dict[str, str]:
     """The driver's settings that workers on other nodes need too (hub location, offline mode, vLLM's)."""
-    from hubgym.rollout.reaper import TOKEN_VAR  # marks the processes of *this* process's engines: never passed on
+    from hubgym.engines.reaper import TOKEN_VAR  # marks the processes of *this* process's engines: never passed on
 
     return {k: v for k, v in os.environ.items()
             if (k in FORWARDED_ENV or k.startswith(("HUBGYM_", "VLLM_"))) and k != TOKEN_VAR}

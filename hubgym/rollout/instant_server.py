@@ -36,7 +36,7 @@ from typing import Any
 
 from hubgym.errors import EngineError
 from hubgym.rollout.instant_replies import ENVS, Reply, ReplyBook
-from hubgym.rollout.server import free_port
+from hubgym.engines.server import free_port
 
 COUNTERS = ("vllm:generation_tokens_total", "vllm:prompt_tokens_total", "http_requests_total")
 

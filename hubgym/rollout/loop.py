@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hubgym.rollout.engines import Engine, Request, RequestError, Sample, SamplingArgs
+from hubgym.engines import Engine, Request, RequestError, Sample, SamplingArgs
 from hubgym.rollout.parsing import ReplyParser
 from hubgym.rollout.tokens import ChatRenderer, TokenRecord
 from hubgym.schemas.messages import Message, ToolCall, assistant, tool_result, user, TOOL_ERROR_PREFIX

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from hubgym.envs import OpenedEnv, open_env
-from hubgym.rollout.engines import Engine, SamplingArgs
+from hubgym.engines import Engine, EngineSettings, SamplingArgs, make_engine
 from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
 from hubgym.errors import ChatFormatError
@@ -45,6 +45,7 @@ class RolloutConfig:
     model: str  # model folder or name served at base_url
     out: str  # run folder
     engine: str = "vllm"  # "vllm" (offline, in-process) or "openai" (a server at base_url)
+    engine_settings: EngineSettings = field(default_factory=EngineSettings)  # vllm: dtype, memory share, GPUs
     base_url: str | None = None
     mode: str = "tokens"  # openai engine only: "tokens" (token-in), "chat" or "chat_tokens" (native tool calls)
     n: int = 4  # samples per task: one GRPO group
@@ -71,7 +72,8 @@ class RolloutConfig:
         # Where the run is written, how it is split and where the server listens do not change what it samples.
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins", "flush_every_s")}
-        for name, default in (("tool_parser", HERMES), ("reasoning_parser", None), ("chat_template_kwargs", {})):
+        for name, default in (("tool_parser", HERMES), ("reasoning_parser", None), ("chat_template_kwargs", {}),
+                              ("engine_settings", EngineSettings().to_dict())):
             if keep[name] == default:  # left out at their defaults: runs from before these options keep their ids
                 del keep[name]
         if self.mix is None:
@@ -105,18 +107,10 @@ def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
     return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % num_shards == shard_index
 
 
-def make_engine(config: RolloutConfig) -> Engine:
-    if config.engine == "vllm":
-        from hubgym.rollout.engines import VLLMEngine
-
-        return VLLMEngine(config.model, max_model_len=config.max_model_len, seed=config.sampling.seed)
-    if config.engine == "openai":
-        from hubgym.rollout.engines import OpenAIEngine
-
-        if not config.base_url:
-            raise ValueError("engine 'openai' needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-        return OpenAIEngine(config.model, config.base_url, mode=config.mode, max_model_len=config.max_model_len)
-    raise ValueError(f"engine is {config.engine!r}; use 'vllm' or 'openai'")
+def engine_for(config: RolloutConfig, **vllm_args: Any) -> Engine:
+    """The engine a run samples with, built where every engine is (hubgym.engines.make_engine)."""
+    return make_engine(config.engine, config.model, max_model_len=config.max_model_len, seed=config.sampling.seed,
+                       settings=config.engine_settings, base_url=config.base_url, mode=config.mode, **vllm_args)
 
 
 def check_chat_options(config: RolloutConfig) -> None:
@@ -263,7 +257,7 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                 and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
         skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards))
         skipped = (skipped - len(todo)) * config.n
-        engine = engine or make_engine(config)
+        engine = engine or engine_for(config)
         renderer = make_renderer(engine, config.model, **config.chat_options())
         if early is None:
             check_tools_rendered(renderer, envs, config.model)

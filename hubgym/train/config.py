@@ -17,6 +17,7 @@ from typing import Any, Iterator, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hubgym.engines.settings import DTYPES, EngineSettings
 from hubgym.errors import HubgymError
 from hubgym.mixture.spec import MixEntry
 
@@ -237,7 +238,7 @@ class Vllm(Section):
                                  "server reads at the same path, e.g. on a shared disk (default: OUT/sync)")
     nccl_address: str | None = Field(None, description="server, nccl transfer: this trainer's address as the "
                                      "server's workers reach it (default: the address that routes to the server)")
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field("auto", description="local: weights and "
+    dtype: Literal[DTYPES] = Field("auto", description="local: weights and "
                                                                      "activations in vLLM; auto: vLLM's choice on a "
                                                                      "GPU (bfloat16 for an fp32 checkpoint), "
                                                                      "float32 on a CPU")
@@ -246,6 +247,11 @@ class Vllm(Section):
     tensor_parallel_size: int = Field(1, ge=1, description="local: GPUs one vLLM engine spans")
     enable_sleep_mode: bool = Field(False, description="local, GPU only: vLLM sleeps (weights to CPU memory, KV "
                                     "cache freed) while the trainer steps, and wakes for rollouts")
+
+    def engine_settings(self) -> EngineSettings:
+        """The local engine's settings, as every engine takes them."""
+        return EngineSettings(dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
+                              tensor_parallel_size=self.tensor_parallel_size, enable_sleep_mode=self.enable_sleep_mode)
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> Vllm:

@@ -20,7 +20,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from hubgym.rollout.engines import SamplingArgs
+from hubgym.engines import SamplingArgs
 
 
 def _metric(row: dict[str, Any], name: str) -> float | None:

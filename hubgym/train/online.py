@@ -38,7 +38,7 @@ from hubgym.envs import OpenedEnv
 from hubgym.errors import RolloutsStopped
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.mixture import EnvConfig, MixEntry, Mixture, MixSpec, TaskFilter, parse_spec
-from hubgym.rollout.engines import Engine, SamplingArgs
+from hubgym.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
 from hubgym.rollout.run import RolloutConfig, check_tools_rendered, to_row
 from hubgym.rollout.tokens import ChatRenderer, recorded_options

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hubgym.errors import EngineError, WeightSyncError
-from hubgym.rollout.engines import OpenAIEngine
+from hubgym.engines import OpenAIEngine
 from hubgym.train.sync import (NamedTensors, checkpoint_layout, prepare_weights, resolve_model_dir, tied_embeddings,
                                write_weights)
 
@@ -165,7 +165,7 @@ class RemoteWeights:
         from vllm.distributed.weight_transfer.factory import WeightTransferTrainerFactory
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
-        from hubgym.rollout.server import free_port
+        from hubgym.engines.server import free_port
 
         workers = int((self._call("GET", "/get_world_size") or {}).get("world_size", 1))
         address = self.nccl_address or _route_address(self.root)

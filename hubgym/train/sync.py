@@ -46,7 +46,7 @@ from hubgym.errors import EngineError, WeightSyncError
 from hubgym.train.vllm_receiver import RECEIVER
 
 if TYPE_CHECKING:
-    from hubgym.rollout.engines import VLLMEngine
+    from hubgym.engines import VLLMEngine
 
 log = logging.getLogger("hubgym.train")
 

@@ -86,13 +86,10 @@ class Trainer:
                                             sync_dir=v.sync_dir, nccl_address=v.nccl_address)
                 self.synced = None
             else:
-                from hubgym.rollout.engines import VLLMEngine
+                from hubgym.engines import make_engine
 
-                self._engine = VLLMEngine(self.model_dir(), max_model_len=self.cfg.online.max_model_len,
-                                          seed=self.cfg.seed, dtype=v.dtype,
-                                          gpu_memory_utilization=v.gpu_memory_utilization,
-                                          tensor_parallel_size=v.tensor_parallel_size,
-                                          enable_sleep_mode=v.enable_sleep_mode)
+                self._engine = make_engine("vllm", self.model_dir(), max_model_len=self.cfg.online.max_model_len,
+                                           seed=self.cfg.seed, settings=v.engine_settings())
             self._engine.policy_version = 0
         return self._engine
 
@@ -351,7 +348,7 @@ class Trainer:
         return taken
 
     def _producer(self):
-        from hubgym.rollout.engines import SamplingArgs
+        from hubgym.engines import SamplingArgs
         from hubgym.train.online import OnlineProducer, difficulty_filter
 
         s = self.cfg.sampling
