@@ -29,10 +29,10 @@ from hubgym.hub import LocalHub
 from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.rollout_stats import non_finite_rewards, scan_rollouts, summarize
 from hubgym.score.rescore import rescore
-from hubgym.score.sources import open_source
+from hubgym.score.stored import open_source
 from hubgym.stats.table import TaskStats
 from hubgym.train.groups import GroupSettings
-from hubgym.train.sources import LocalShards
+from hubgym.train.local_shards import LocalShards
 from hubgym.train.stream import GroupStream
 from test_stored_data_fuzz import ROWS_PER_SHARD, write_run
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from hubgym.cli import app
 from hubgym.errors import EnvContractError, SettingError
-from hubgym.mixture import Mixture, load_spec, parse_spec
+from hubgym.mixture import Mixture, load_mix_spec, parse_spec
 from hubgym.engines import SamplingArgs
 from hubgym.train.config import TINY_CONFIG, ConfigError, load_config
 
@@ -59,7 +59,7 @@ def test_a_mixture_refuses_nan_and_infinite_weights_by_name(tmp_path, spec, name
     path = tmp_path / "mix.yaml"
     path.write_text(spec)
     with pytest.raises(EnvContractError, match=re.escape(named)):
-        load_spec(path)
+        load_mix_spec(path)
 
 
 def test_a_mixture_spec_that_is_binary_a_fifo_or_deep_is_one_line(tmp_path):

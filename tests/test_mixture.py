@@ -16,7 +16,7 @@ import pytest
 from hubgym.builders.base import TaskBuilder, TaskConfig
 from hubgym.builders.families import FamilyEnv
 from hubgym.errors import EnvContractError, EnvNotFoundError
-from hubgym.mixture import KeepAll, Mixture, TaskFilter, expand, load_spec, parse_spec
+from hubgym.mixture import KeepAll, Mixture, TaskFilter, expand, load_mix_spec, parse_spec
 from hubgym.envs.listing import Listing, listing
 from hubgym.schemas import make_task, user
 
@@ -177,7 +177,7 @@ def test_a_spec_file_and_the_builtin_catalog(tmp_path):
     path = tmp_path / "mix.yaml"
     path.write_text("envs:\n  - arithmetic:easy\n  - {name: 'arithmetic:*', weight: 0.5}\n"
                     "  - {name: arithmetic:hard, seed: 3, size: 2000}\n")
-    mix = Mixture.from_spec(load_spec(path), split="train", seed=0, listing=listing())
+    mix = Mixture.from_spec(load_mix_spec(path), split="train", seed=0, listing=listing())
     assert {e.key: e.weight for e in mix.envs}["arithmetic:easy"] == 1.5
     assert "arithmetic:hard?seed=3&size=2000" in {e.key for e in mix.envs}
     batch = mix.take(64)

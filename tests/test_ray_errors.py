@@ -113,8 +113,8 @@ def test_a_verifier_file_a_node_lacks_is_written_from_the_drivers_bytes_and_hash
 
     assert moved.path != spec.path and Path(moved.path).read_bytes() == sources[spec.path]
     loaded = subprocess.run(  # a fresh process, as on another node: the module is imported from the written file
-        [sys.executable, "-c", "import sys; from hubgym.score.choice import VerifierSpec, load_spec; "
-                               "print(load_spec(VerifierSpec(*sys.argv[1:])).sha256)", *astuple(moved)],
+        [sys.executable, "-c", "import sys; from hubgym.score.choice import VerifierSpec, load_verifier_of; "
+                               "print(load_verifier_of(VerifierSpec(*sys.argv[1:])).sha256)", *astuple(moved)],
         capture_output=True, text=True, timeout=120)
     assert loaded.stdout.strip() == spec.sha256, loaded.stderr[-2000:]
 

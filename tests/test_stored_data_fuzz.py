@@ -36,8 +36,8 @@ from hubgym.hub.trust import load_hub_verifier
 from hubgym.hub.rollout_stats import scan_rollouts, summarize
 from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
-from hubgym.score.sources import open_source
-from hubgym.train.sources import LocalShards
+from hubgym.score.stored import open_source
+from hubgym.train.local_shards import LocalShards
 
 ROWS_PER_SHARD = 4
 RUN = "r1"

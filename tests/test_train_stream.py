@@ -15,7 +15,7 @@ from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import ConfigError
 from hubgym.train.groups import GroupSettings, advantages
 from hubgym.train.packing import pack_step, take_step
-from hubgym.train.sources import LocalShards
+from hubgym.train.local_shards import LocalShards
 from hubgym.train.stream import GroupStream
 
 

@@ -11,7 +11,7 @@
     hubgym view                                        hubgym.cli.view      (a local page over runs)
     hubgym import verifiers                            hubgym.cli.imports   (other frameworks' runs)
 
-Tables and progress bars come from hubgym.app.views, which the main job uses too; nothing below the CLI
+Tables and progress bars come from hubgym.app.views, which the main job uses too; nothing below the app layer
 imports it.
 """
 

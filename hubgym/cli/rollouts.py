@@ -105,9 +105,9 @@ def rollout(
         fail(f"--tasks {tasks:,}: a mixture run draws its tasks before it samples, at most {MAX_MIX_TASKS:,}; sample "
              f"more as several runs (another --seed each) into their own --out folders")
     if mix is not None:
-        from hubgym.mixture import load_spec
+        from hubgym.mixture import load_mix_spec
 
-        load_spec(mix)  # an unreadable or invalid spec: one line, before any model loads
+        load_mix_spec(mix)  # an unreadable or invalid spec: one line, before any model loads
     on_ray = ray or ray_address is not None
     check_ray_options(on_ray, workers, shard_index, num_shards)
     template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads

@@ -11,7 +11,7 @@ a node that does not see them stops the re-score with one line naming it. Batche
 record batches travel to the tasks as Arrow IPC bytes and need no shared filesystem.
 
 A verifier given as a .py file travels with the work: a node without that file writes the driver's bytes to
-a cache of its own, and load_spec checks they hash to the verifier chosen, so every node scores with
+a cache of its own, and load_verifier_of checks they hash to the verifier chosen, so every node scores with
 byte-identical code.
 """
 

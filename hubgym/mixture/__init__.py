@@ -1,8 +1,8 @@
 """Mixtures: one seeded, resumable stream of tasks over any number of env configs, with flat memory.
 
-    from hubgym.mixture import Mixture, load_spec
+    from hubgym.mixture import Mixture, load_mix_spec
 
-    mix = Mixture.from_spec(load_spec("mix.yaml"), split="train", seed=0)   # nothing opened yet
+    mix = Mixture.from_spec(load_mix_spec("mix.yaml"), split="train", seed=0)   # nothing opened yet
     for drawn in mix.take(64):                                              # one batch of tasks
         drawn.env.key, drawn.task["id"], mix.opened(drawn.env).verifier
     saved = mix.state()                                                     # resume: .restore(saved)
@@ -15,8 +15,8 @@
 """
 
 from hubgym.mixture.filters import MAX_REJECTIONS, KeepAll, TaskFilter
-from hubgym.mixture.spec import EnvConfig, MixEntry, MixSpec, expand, load_spec, parse_spec, spec_digest
+from hubgym.mixture.spec import EnvConfig, MixEntry, MixSpec, expand, load_mix_spec, parse_spec, spec_digest
 from hubgym.mixture.stream import Drawn, Mixture
 
 __all__ = ["Drawn", "EnvConfig", "KeepAll", "MAX_REJECTIONS", "MixEntry", "MixSpec", "Mixture",
-           "TaskFilter", "expand", "load_spec", "parse_spec", "spec_digest"]
+           "TaskFilter", "expand", "load_mix_spec", "parse_spec", "spec_digest"]

@@ -1,6 +1,6 @@
 """A mixture spec: which env configs a run draws tasks from, and how often.
 
-    spec = load_spec("mix.yaml")                 # or parse_spec({...}) / parse_spec([{name: ...}, ...])
+    spec = load_mix_spec("mix.yaml")                 # or parse_spec({...}) / parse_spec([{name: ...}, ...])
     configs = expand(spec, listing())            # one EnvConfig per env config, with its final weight
 
 A spec file (YAML or JSON) is either a list of entries or a mapping with `envs` and `tag_weights`:
@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
 
-__all__ = ["EnvConfig", "MixEntry", "MixSpec", "expand", "load_spec", "parse_spec", "spec_digest"]
+__all__ = ["EnvConfig", "MixEntry", "MixSpec", "expand", "load_mix_spec", "parse_spec", "spec_digest"]
 
 
 class MixEntry(BaseModel):
@@ -127,7 +127,7 @@ def parse_spec(data: Any, origin: str = "mixture spec") -> MixSpec:
 MAX_SPEC_BYTES = 16 << 20  # a spec lists entries; a bigger file is not one
 
 
-def load_spec(path: str | Path) -> MixSpec:
+def load_mix_spec(path: str | Path) -> MixSpec:
     """Read a YAML or JSON spec file (JSON is YAML): a regular file of UTF-8 text (a FIFO or a device would block
     or never end), nested no deeper than YAML's parser recurses."""
     path = Path(path)

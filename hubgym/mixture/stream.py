@@ -1,6 +1,6 @@
 """One bounded, seeded, resumable stream of tasks over any number of env configs.
 
-    mix = Mixture.from_spec(load_spec("mix.yaml"), split="train", seed=0)
+    mix = Mixture.from_spec(load_mix_spec("mix.yaml"), split="train", seed=0)
     batch = mix.take(64)                 # [Drawn(env=EnvConfig, task=row), ...]; no task twice in one batch
     state = mix.state()                  # JSON: {"draws": 64, "positions": {"arithmetic:easy": [0, 12], ...}}
     Mixture.from_spec(...).restore(state).take(64)   # exactly what the uninterrupted stream draws next
@@ -8,7 +8,7 @@
 The draw. Draw number i picks its env config with `random.Random(f"{seed}:{i}")`, by weight (a bisection over
 the cumulative weights): a pure function of (seed, i), whatever came before. The task is the next row of that
 env config's own stream, which walks its split epoch after epoch in a block-shuffled order fixed by (seed,
-env config, epoch) (see `hubgym.mixture.sources`). A row the filter does not keep, or one already in the
+env config, epoch) (see `hubgym.mixture.pool`). A row the filter does not keep, or one already in the
 batch, is passed over and consumed. So the whole stream is fixed by the seed and the state below.
 
 State and its size. `draws` (one int) plus, for every env config drawn at least once, its position (epoch,
@@ -33,7 +33,7 @@ from typing import Any, Iterator
 from hubgym.envs import OpenedEnv, open_env, resolve_env
 from hubgym.errors import EnvContractError, Where
 from hubgym.mixture.filters import MAX_REJECTIONS, TaskFilter
-from hubgym.mixture.sources import BLOCK_ROWS, MAX_OPEN, Position, SourcePool
+from hubgym.mixture.pool import BLOCK_ROWS, MAX_OPEN, Position, SourcePool
 from hubgym.mixture.spec import EnvConfig, MixSpec, expand
 
 __all__ = ["Drawn", "Mixture"]

@@ -79,9 +79,9 @@ class RolloutConfig:
         if self.mix is None:
             del keep["mix"], keep["tasks"]
         else:  # the spec's content, not where the file lies, defines what is drawn
-            from hubgym.mixture import load_spec, spec_digest
+            from hubgym.mixture import load_mix_spec, spec_digest
 
-            keep["mix"] = spec_digest(load_spec(self.mix))
+            keep["mix"] = spec_digest(load_mix_spec(self.mix))
         return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
     def chat_options(self) -> dict[str, Any]:
@@ -284,13 +284,13 @@ def load_run_envs(config: RolloutConfig) -> list[OpenedEnv]:
             env.take(config.split, config.limit)
         return envs
     from hubgym.errors import EnvContractError, Where
-    from hubgym.mixture import Mixture, load_spec
+    from hubgym.mixture import Mixture, load_mix_spec
 
     if config.envs or not config.tasks:
         raise EnvContractError(f"a mixture run draws `tasks` tasks from its spec and names no envs (envs="
                                f"{config.envs}, tasks={config.tasks})", Where(field="mix"),
                                "give --mix SPEC with --tasks N, or ENV[:CONFIG]... without --mix")
-    mixture = Mixture.from_spec(load_spec(config.mix), split=config.split, seed=config.sampling.seed, hub=config.hub,
+    mixture = Mixture.from_spec(load_mix_spec(config.mix), split=config.split, seed=config.sampling.seed, hub=config.hub,
                                 trust=config.trust, pins=config.pins)
     by_key: dict[str, OpenedEnv] = {}
     for drawn in mixture.take(config.tasks):

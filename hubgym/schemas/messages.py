@@ -23,6 +23,10 @@ class ToolCall(TypedDict):
 
 
 class Message(TypedDict):
+    """One chat message in OpenAI's shape, the same in a task's prompt, a rollout's completion and an engine
+    request: `content` None only for an assistant turn that is all tool calls; `tool_call_id` and `name` on a
+    tool result; every key present (None when unused) so that Arrow and datasets store one struct type."""
+
     role: Role
     content: str | None
     tool_calls: list[ToolCall] | None

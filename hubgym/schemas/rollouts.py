@@ -55,6 +55,11 @@ class Timings(TypedDict):
 
 
 class Rollout(TypedDict):
+    """One stored trajectory, a row of a rollout shard: the task it answered, its messages, the token record the
+    trainer learns from (ids, sampling logprobs, the mask of sampled tokens), the verifier's reward with its
+    named components, and provenance (model, engine, sampling, env code hash). Everything a re-score, a replay
+    or an offline GRPO step needs, with no engine or env code at hand."""
+
     rollout_id: str
     run_id: str
     task_id: str

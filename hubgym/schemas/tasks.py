@@ -38,6 +38,10 @@ class Interaction(TypedDict):
 
 
 class Task(TypedDict):
+    """One task row, as a builder yields it and `load_dataset` returns it: what the model is asked (`prompt`),
+    what only the verifier reads (`info`, JSON-safe), and how the episode runs (`interaction`: single turn, tools,
+    or a multi-turn game). `id` is unique within the env and stable across builds of the same version."""
+
     id: str
     env: str
     prompt: list[Message]

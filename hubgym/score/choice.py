@@ -49,7 +49,7 @@ class VerifierSpec:
 
 
 @lru_cache(maxsize=128)
-def load_spec(spec: VerifierSpec) -> Verifier:
+def load_verifier_of(spec: VerifierSpec) -> Verifier:
     """The verifier of a spec (cached per process); refuses code whose sha256 changed since it was chosen."""
     try:
         verifier = load_verifier(spec.module, env=spec.env)

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Iterator
 from hubgym.errors import RolloutNotFoundError, VerifierLoadError, Where
 from hubgym.rollout.tokens import ChatRenderer, TokenAudit
 from hubgym.rollout.tokens import audit_tokens as audit_row
-from hubgym.score.choice import VerifierArg, VerifierChoice, load_spec
+from hubgym.score.choice import VerifierArg, VerifierChoice, load_verifier_of
 from hubgym.verifiers.contract import CUT_FINISHES, Verifier, last_reply_cut, stored_step_rewards
 
 
@@ -225,7 +225,7 @@ def iter_replay(rows: Iterable[dict[str, Any]], *, rollout: str | None = None, r
             continue
         found = True
         if row["env"] not in verifiers:
-            verifiers[row["env"]] = load_spec(choice.spec(row["env"]))
+            verifiers[row["env"]] = load_verifier_of(choice.spec(row["env"]))
         yield replay_rollout(row, verifiers[row["env"]], renderer)
     if rollout is not None and not found:
         raise RolloutNotFoundError(f"no rollout {rollout!r} in the rows replayed; rollout ids read "

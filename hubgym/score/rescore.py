@@ -42,7 +42,7 @@ from hubgym.score.output import RescoreOutput
 from hubgym.score.scoring import score_batch, score_ipc, slim, to_ipc
 from hubgym.score.shards import (GROUP_ROWS, ShardResult, check_columns, diff_rows, rescore_shards, with_scores,
                                  write_shard)
-from hubgym.score.sources import Source, open_source
+from hubgym.score.stored import Source, open_source
 Progress = Callable[[int, "int | None"], None]  # (rows just re-scored, total rows if known)
 
 __all__ = ["RescoreResult", "plot_diff", "rescore"]

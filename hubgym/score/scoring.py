@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hubgym.score.choice import VerifierSpec, load_spec
+from hubgym.score.choice import VerifierSpec, load_verifier_of
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
 from hubgym.verifiers.contract import Score, Verifier, last_reply_cut, stored_step_rewards
@@ -77,7 +77,7 @@ def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch | pa.Table
     bulk: the metrics as flat numpy arrays laid into Arrow (component names dictionary-encoded), not a dict
     per metric. The collector stays paused until every Python object of the batch is freed, so its next
     pass has nothing of the batch to walk."""
-    verifiers = {env: load_spec(spec) for env, spec in specs.items()}
+    verifiers = {env: load_verifier_of(spec) for env, spec in specs.items()}
     with collector_paused():
         return _new_columns(specs, verifiers, batch)
 
@@ -176,7 +176,7 @@ def _constant_per_env(indices: pa.Array, values: list[str]) -> pa.Array:
 def score_rows(specs: dict[str, VerifierSpec], batch: pa.RecordBatch) -> pa.RecordBatch:
     """`score_batch` row by row, each row's metrics built as the rollout writer builds them: the plain
     reference the fast path must equal (the tests compare the two on hostile rows)."""
-    verifiers = {env: (load_spec(spec), spec) for env, spec in specs.items()}
+    verifiers = {env: (load_verifier_of(spec), spec) for env, spec in specs.items()}
     with collector_paused():
         multi_turn = any(verifier.multi_turn for verifier, _ in verifiers.values())
         cols = [batch.column(name).to_pylist() if name != "metrics" or multi_turn else [None] * batch.num_rows

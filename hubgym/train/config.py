@@ -270,6 +270,10 @@ class Vllm(Section):
 
 
 class TrainConfig(Section):
+    """Every option of a training run, as YAML keys (`hubgym train --options` lists them with their defaults).
+    The defaults are for a pretrained model on a GPU; the tiny model's values live in the shipped `tiny` config.
+    Validated as a whole on load, so an option that contradicts another is one line naming both."""
+
     model: str = Field("tiny", description="model folder; 'tiny' makes the tiny local model")
     output_dir: str = Field("runs/train", description="checkpoints, shards, metrics, plots")
     envs: list[EnvMix] = Field(default_factory=lambda: [EnvMix(name="arithmetic:tiny")],

@@ -86,7 +86,6 @@ def bad_field(row: dict[str, Any]) -> str | None:
     return None
 
 
-check_row = bad_field  # the earlier name
 
 
 def advantages(rewards: list[float], kind: str, eps: float = 1e-6) -> list[float]:

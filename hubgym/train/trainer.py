@@ -48,6 +48,10 @@ class TrainResult:
 
 
 class Trainer:
+    """GRPO on DeepSpeed, one run: offline steps on stored rollouts, then online steps on fresh vLLM rollouts of
+    the policy, with weights synced into the engine, checkpoints to resume from, held-out evaluation before and
+    after, metrics and plots. `run()` does it all; `close()` frees the engine and DeepSpeed's processes."""
+
     # After the engine died, how long to wait for a Ctrl-C to show before restarting it: the same Ctrl-C kills
     # vLLM's processes at once, but Python notes it only when the main thread next runs Python code (not during
     # one long native call, such as a backward pass on a GPU).
