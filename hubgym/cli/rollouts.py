@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -19,7 +20,7 @@ from rich.text import Text
 from hubgym.app import views
 from hubgym.cli.app import (HUB_HELP, SKIP_BAD_HELP, Verbose, app, console, fail,
                             skipped_shards_noted, user_errors)
-from hubgym.engines.settings import DTYPES, KINDS
+from hubgym.engines.settings import KINDS
 from hubgym.envs.pins import PIN_HELP, parse_pins
 
 
@@ -27,7 +28,6 @@ MAX_MIX_TASKS = 1_000_000  # tasks a --mix run draws (and holds) up front: about
 
 
 EngineKind = Enum("EngineKind", {kind: kind for kind in KINDS}, type=str)  # vllm: offline here; openai: a server
-VllmDtype = Enum("VllmDtype", {dtype: dtype for dtype in DTYPES}, type=str)
 
 
 @app.command()
@@ -56,7 +56,6 @@ def rollout(
     = None,
     shard_index: Annotated[int, typer.Option(min=0, help="this worker's index")] = 0,
     num_shards: Annotated[int, typer.Option(min=1, help="number of workers splitting the tasks")] = 1,
-    concurrency: Annotated[int, typer.Option(min=1, help="groups sampled at once (bounds a run's memory)")] = 256,
     hub: Annotated[Optional[str], typer.Option(help="where org/name@revision envs load from and --push goes: 'hf', "
                                                     "a Hub-API URL or a local hub folder [default: $HUBGYM_HUB]")]
     = None,
@@ -64,20 +63,6 @@ def rollout(
     pin: Annotated[Optional[list[str]], typer.Option(help=PIN_HELP)] = None,
     push: Annotated[Optional[str], typer.Option(help="after the run, push its shards to this rollout repo "
                                                      "(org/name; the run id is the config)")] = None,
-    tool_parser: Annotated[str, typer.Option(help="how tool calls are read from replies: 'hermes' (<tool_call> "
-                                                  "JSON) or any vLLM --tool-call-parser name")] = "hermes",
-    reasoning_parser: Annotated[Optional[str], typer.Option(help="a vLLM --reasoning-parser name (e.g. qwen3, "
-                                                                 "deepseek_r1): <think> text goes to the reply's "
-                                                                 "`reasoning`, rewards see the answer")] = None,
-    chat_template_kwargs: Annotated[Optional[str], typer.Option(help="JSON object passed to the chat template, e.g. "
-                                                                     "'{\"enable_thinking\": false}'")] = None,
-    dtype: Annotated[VllmDtype, typer.Option(help="vllm engine: weights and activations; auto: vLLM's choice on a "
-                                                  "GPU (bfloat16 for an fp32 checkpoint), float32 on a CPU")]
-    = VllmDtype["auto"],
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option(help="vllm engine: share of the GPU's memory "
-                                                                         "vLLM takes, in (0, 1] [default: vLLM's "
-                                                                         "0.9]")] = None,
-    tensor_parallel_size: Annotated[int, typer.Option(help="vllm engine: GPUs the engine spans")] = 1,
     mix: Annotated[Optional[Path], typer.Option(help="a mixture spec (YAML/JSON: env names, families, tags, "
                                                      "weights; see hubgym.mixture.spec): sample --tasks draws of it "
                                                      "instead of ENVs, seeded by --seed")] = None,
@@ -89,12 +74,19 @@ def rollout(
                                                             "(a cluster started on this machine)")] = None,
     workers: Annotated[Optional[int], typer.Option(min=1, help="with --ray: workers, one per shard \\[default: 1]")]
     = None,
+    set_: Annotated[Optional[list[str]], typer.Option("--set", help="any rollout option, key=value (repeatable), "
+                                                        "e.g. vllm.dtype=bfloat16, concurrency=64, "
+                                                        "tool_parser=qwen3_coder; see --options")] = None,
+    options: Annotated[bool, typer.Option("--options", help="list every rollout option and exit")] = False,
     verbose: Verbose = False,
 ) -> None:
     """Sample rollouts with vLLM, score them, and write Arrow shards; then print a table per env."""
     from hubgym.engines.vllm_logging import set_verbose
 
     set_verbose(verbose)
+    if options:
+        print_options()
+        return
     if (mix is None) == (not envs):
         fail("name the envs to sample (ENV[:CONFIG]...) or a mixture (--mix SPEC --tasks N), one of the two")
     if mix is not None and (tasks is None or limit is not None):
@@ -110,31 +102,34 @@ def rollout(
         load_mix_spec(mix)  # an unreadable or invalid spec: one line, before any model loads
     on_ray = ray or ray_address is not None
     check_ray_options(on_ray, workers, shard_index, num_shards)
-    template_kwargs = parse_template_kwargs(chat_template_kwargs, "--chat-template-kwargs")  # before any model loads
     from hubgym.models import FALLBACK_CONTEXT, LOCAL_NAMES, context_length, resolve_model
     from hubgym.engines import SamplingArgs
     from hubgym.rollout import RolloutConfig, run_rollouts, scan_rollouts, summarize
 
-    if engine.value == "openai":  # the model is a name the server knows; its limit is the server's
-        if not base_url:
+    from hubgym.rollout.options import with_options
+
+    sets = list(set_ or [])
+    config = with_options(RolloutConfig(envs=list(envs or []), mix=str(mix) if mix else None, tasks=tasks,
+                                        model=model, out=str(out), engine=engine.value, base_url=base_url, mode=mode,
+                                        n=n, limit=limit, split=split, shard_index=shard_index,
+                                        num_shards=num_shards, hub=hub, trust=trust, pins=parse_pins(pin),
+                                        sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens,
+                                                              seed=seed)), sets)  # every value checked here
+    if any(item.strip().startswith("max_model_len=") for item in sets):
+        max_model_len = config.max_model_len
+    check_engine_settings(config)
+    if config.engine == "openai":  # the model is a name the server knows; its limit is the server's
+        if not config.base_url:
             fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: see the README)")
-        if model in LOCAL_NAMES:  # the folder hubgym made here: the server serves it, its tokenizer is here
-            model = resolve_model(model, setting="--model")
-        elif mode in ("tokens", "chat_tokens"):  # token-in: the model's tokenizer must load here, offline too
-            resolve_model(model, setting="--model", needs=("tokenizer_config.json", "tokenizer.json"))
-        max_model_len = max_model_len or FALLBACK_CONTEXT
+        if config.model in LOCAL_NAMES:  # the folder hubgym made here: the server serves it, its tokenizer is here
+            config = replace(config, model=resolve_model(config.model, setting="--model"))
+        elif config.mode in ("tokens", "chat_tokens"):  # token-in: the model's tokenizer must load here, offline too
+            resolve_model(config.model, setting="--model", needs=("tokenizer_config.json", "tokenizer.json"))
+        config = replace(config, max_model_len=max_model_len or FALLBACK_CONTEXT)
     else:
-        model = resolve_model(model, setting="--model")
-        max_model_len = context_length(model, max_model_len, setting="--max-model-len")
-    config = RolloutConfig(envs=list(envs or []), mix=str(mix) if mix else None, tasks=tasks, model=model,
-                           out=str(out), tool_parser=tool_parser,
-                           reasoning_parser=reasoning_parser, chat_template_kwargs=template_kwargs,
-                           engine=engine.value, base_url=base_url, mode=mode, n=n, limit=limit, split=split,
-                           sampling=SamplingArgs(temperature=temperature, max_tokens=max_tokens, seed=seed),
-                           max_model_len=max_model_len, shard_index=shard_index, num_shards=num_shards,
-                           concurrency=concurrency, hub=hub, trust=trust, pins=parse_pins(pin),
-                           engine_settings=engine_options(engine, dtype.value, gpu_memory_utilization,
-                                                          tensor_parallel_size))
+        folder = resolve_model(config.model, setting="--model")
+        config = replace(config, model=folder,
+                         max_model_len=context_length(folder, max_model_len, setting="--max-model-len"))
     try:
         if on_ray:
             from hubgym.cluster.ray_rollout import run_on_ray
@@ -172,36 +167,27 @@ def check_ray_options(on_ray: bool, workers: int | None, shard_index: int, num_s
              "--shard-index and --num-shards")
 
 
-def parse_template_kwargs(text: str | None, setting: str) -> dict:
-    """A JSON object of chat template variables; one error line naming the setting when it is not one."""
-    import json
-
-    from hubgym.rollout.tokens import check_chat_template_kwargs
-
-    if text is None:
-        return {}
-    try:
-        value = json.loads(text)
-    except ValueError as exc:
-        fail(f"{setting} is not JSON ({exc.msg} at char {exc.pos}); give a JSON object, e.g. "
-             f"'{{\"enable_thinking\": false}}'")
-    return check_chat_template_kwargs(value, setting)
-
-
-def engine_options(engine: EngineKind, dtype: str, gpu_memory_utilization: float | None,
-                   tensor_parallel_size: int):
+def check_engine_settings(config) -> None:
     """The vLLM engine's settings, checked before any model loads (one line naming the option); a server run takes
     the server's own, so any of them set there is refused."""
-    from hubgym.engines import EngineSettings
+    if config.vllm.is_default():
+        return
+    if config.engine == "openai":
+        fail("vllm.* settings start a local vLLM engine; with --engine openai the server has its own: give them to "
+             "`vllm serve` (--dtype, --gpu-memory-utilization, --tensor-parallel-size)")
+    config.vllm.check(setting="vllm.")
 
-    settings = EngineSettings(dtype=dtype, gpu_memory_utilization=gpu_memory_utilization,
-                              tensor_parallel_size=tensor_parallel_size)
-    if engine.value == "openai" and not settings.is_default():
-        fail("--dtype, --gpu-memory-utilization and --tensor-parallel-size set the local vLLM engine; with "
-             "--engine openai the server has its own: pass them to `vllm serve`")
-    if engine.value == "vllm" and not settings.is_default():
-        settings.check(setting="--")
-    return settings
+
+def print_options() -> None:
+    """Every rollout option with its default and what it does (the keys `--set` takes)."""
+    from rich.table import Table
+
+    from hubgym.rollout.options import rollout_options
+
+    table = Table("option", "default", "what it does", title="rollout options (--set key=value)")
+    for key, default, description in rollout_options():
+        table.add_row(key, default, description)
+    console().print(table)
 
 
 @app.command("report")

@@ -63,14 +63,14 @@ def run_on_ray(config: RolloutConfig, *, workers: int, address: str | None = Non
                retries: int = WORKER_RETRIES, progress: bool = True, console: Any = None) -> ClusterSummary:
     """Sample `config`'s tasks with `workers` Ray workers (one per shard) and wait for all of them.
 
-    Each worker starts its engine with `config.engine_settings` (a GPU per tensor-parallel rank). Ctrl-C stops every
+    Each worker starts its engine with `config.vllm` (a GPU per tensor-parallel rank). Ctrl-C stops every
     worker and raises KeyboardInterrupt: what they stored stays, and the same call resumes."""
     if workers < 1:
         raise ClusterError(f"--workers {workers}: give 1 or more (one Ray worker per shard)")
     ray = connect(address)
     config = replace(config, num_shards=workers, shard_index=0, out=str(Path(config.out).absolute()),
                      mix=str(Path(config.mix).absolute()) if config.mix else None)
-    gpus = config.engine_settings.tensor_parallel_size if config.engine == "vllm" and cluster_has_gpus(ray) else 0
+    gpus = config.vllm.tensor_parallel_size if config.engine == "vllm" and cluster_has_gpus(ray) else 0
     probe = write_probe(config.out, config.model if config.engine == "vllm" else None)
     board = ray.remote(num_cpus=0)(RunBoard).remote()
     # max_calls=1: a worker process ends with its task, and its engine's memory (a GPU's) goes with it.

@@ -45,7 +45,7 @@ class RolloutConfig:
     model: str  # model folder or name served at base_url
     out: str  # run folder
     engine: str = "vllm"  # "vllm" (offline, in-process) or "openai" (a server at base_url)
-    engine_settings: EngineSettings = field(default_factory=EngineSettings)  # vllm: dtype, memory share, GPUs
+    vllm: EngineSettings = field(default_factory=EngineSettings)  # engine vllm: dtype, memory share, GPUs
     base_url: str | None = None
     mode: str = "tokens"  # openai engine only: "tokens" (token-in), "chat" or "chat_tokens" (native tool calls)
     n: int = 4  # samples per task: one GRPO group
@@ -73,7 +73,7 @@ class RolloutConfig:
         keep = {k: v for k, v in asdict(self).items()
                 if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins", "flush_every_s")}
         for name, default in (("tool_parser", HERMES), ("reasoning_parser", None), ("chat_template_kwargs", {}),
-                              ("engine_settings", EngineSettings().to_dict())):
+                              ("vllm", EngineSettings().to_dict())):
             if keep[name] == default:  # left out at their defaults: runs from before these options keep their ids
                 del keep[name]
         if self.mix is None:
@@ -110,14 +110,14 @@ def mine(task_id: str, shard_index: int, num_shards: int) -> bool:
 def engine_for(config: RolloutConfig, **vllm_args: Any) -> Engine:
     """The engine a run samples with, built where every engine is (hubgym.engines.make_engine)."""
     return make_engine(config.engine, config.model, max_model_len=config.max_model_len, seed=config.sampling.seed,
-                       settings=config.engine_settings, base_url=config.base_url, mode=config.mode, **vllm_args)
+                       settings=config.vllm, base_url=config.base_url, mode=config.mode, **vllm_args)
 
 
 def check_chat_options(config: RolloutConfig) -> None:
     """Parser names vLLM knows and template kwargs that are a JSON object: checked before the engine starts."""
-    check_chat_template_kwargs(config.chat_template_kwargs, "--chat-template-kwargs")
-    check_parser_names(config.tool_parser, config.reasoning_parser, tool_setting="--tool-parser",
-                       reasoning_setting="--reasoning-parser")
+    check_chat_template_kwargs(config.chat_template_kwargs, "chat_template_kwargs")
+    check_parser_names(config.tool_parser, config.reasoning_parser, tool_setting="tool_parser",
+                       reasoning_setting="reasoning_parser")
 
 
 def check_tools_rendered(renderer: ChatRenderer | None, envs: list[Any], model: str) -> None:
