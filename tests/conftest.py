@@ -16,11 +16,12 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 @pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory) -> Path:
-    """A tiny Qwen2-style chat model + tokenizer written locally (deterministic, ~0.4M parameters)."""
-    from hubgym.models.tiny import make_tiny_model
+def tiny_model() -> Path:
+    """A tiny Qwen2-style chat model + tokenizer (deterministic, ~0.4M parameters): the one `--model tiny` uses,
+    made once per machine in the hubgym cache under a lock, so workers and later runs share it. Read-only here."""
+    from hubgym.models.tiny import default_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+    return default_tiny_model()
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,9 +26,11 @@ def push_model(folder: Path, repo: str) -> str:
     return api.upload_folder(folder_path=str(folder), repo_id=repo).oid
 
 
-def test_a_hub_model_id_downloads_into_the_client_cache_then_resolves_offline(hub_client, tiny_model, monkeypatch):
+def test_a_hub_model_id_downloads_into_the_client_cache_then_resolves_offline(hub_client, tiny_model, monkeypatch,
+                                                                            tmp_path):
     from huggingface_hub import constants
 
+    tiny_model = Path(shutil.copytree(tiny_model, tmp_path / "tiny"))  # a second commit changes it: a copy
     first = push_model(tiny_model, "org/tiny")
     folder = Path(resolve_model("org/tiny"))
     # the client's own layout: models--org--tiny/snapshots/<commit>/, files linked into blobs/
