@@ -64,7 +64,8 @@ def build_corpus(root: Path) -> dict[str, Any]:
     described = root / "corpus.json"
     if described.exists():
         return json.loads(described.read_text())
-    from hubgym.hub import LocalHub, push_env, push_rollouts
+    from hubgym.envs import push_env
+    from hubgym.hub import LocalHub, push_rollouts
     from hubgym.engines import SamplingArgs
     from hubgym.rollout import RolloutConfig, run_rollouts
     from hubgym.rollout.instant_server import InstantServer
