@@ -88,17 +88,19 @@ def check_options(game: str, options: dict[str, Any]) -> None:
             raise ValueError(f"info.options has {key!r}, not an argument of {game!r} ({', '.join(sorted(allowed))})")
         if not isinstance(value, (int, float, str, bool)):
             raise ValueError(f"info.options[{key!r}] is {value!r}; options are JSON numbers, strings or booleans")
-    if options not in _shipped_options(game):  # stored rows are untrusted: no game of a size nobody shipped
+    if json.dumps(options, sort_keys=True) not in _shipped_options(game):  # rows are untrusted: no unshipped size
         raise ValueError(f"info.options {json.dumps(options, sort_keys=True)[:160]} are not the arguments of any "
                          f"difficulty variant of {game!r} that the textarena family ships")
 
 
-def _shipped_options(game: str) -> list[dict[str, Any]]:
-    """The TextArena arguments of every config the family ships for `game`."""
+@cache
+def _shipped_options(game: str) -> frozenset[str]:
+    """The TextArena arguments of every config the family ships for `game`, as sorted JSON. Cached: TextArena's
+    registry is fixed once imported, and walking it for every reset was most of a game's scoring time."""
     from hubgym.bridges.textarena_games import GAMES, variants
 
-    return [options for spec in GAMES.values() if spec.engine == game
-            for options in variants(spec.textarena_id, spec.skip).values()]
+    return frozenset(json.dumps(options, sort_keys=True) for spec in GAMES.values() if spec.engine == game
+                     for options in variants(spec.textarena_id, spec.skip).values())
 
 
 @contextmanager
@@ -200,11 +202,17 @@ def advance(info: dict[str, Any], state: dict, action: str, shown: Replay) -> tu
 
 def final_state(task: Task, completion: list[Message]) -> dict:
     """The state after the trajectory's actions, stopping where the game ended (as the rollout loop does); one
-    engine run, where stepping would replay the game once per action."""
-    state, _ = reset(task)
-    actions = actions_of(completion)
-    for action, shown in zip(actions, replay(task["info"], state["seed"], actions)[1:]):
-        state = advance(task["info"], state, action, shown)[0]
+    engine run, where stepping would replay the game once per action. The rewards below share it (a memo)."""
+    state = _final_state(json.dumps(task["info"], sort_keys=True), tuple(actions_of(completion)))
+    return {**state, "actions": list(state["actions"])}  # a copy: the memo's own is never handed out
+
+
+@lru_cache(maxsize=64)
+def _final_state(info_json: str, actions: tuple[str, ...]) -> dict:
+    info = json.loads(info_json)
+    state, _ = reset({"info": info})
+    for action, shown in zip(actions, replay(info, state["seed"], list(actions))[1:]):
+        state = advance(info, state, action, shown)[0]
         if state["result"]:
             break
     return state
