@@ -35,7 +35,7 @@ def test_init_makes_an_env_of_each_kind_that_passes_check_and_its_own_tests(tmp_
         folder = tmp_path / f"my_{kind}"
         assert sorted(p.name for p in folder.iterdir()) == sorted(FILES + ["tools.py"] * (kind == "tool_use"))
         assert f'KIND = "{kind}"' in (folder / "builder.py").read_text()
-        failed = [r.message for r in check_env(str(folder)) if not r.ok]
+        failed = [r.message for r in check_env(str(folder), max_rows=20) if not r.ok]
         assert failed == [], kind
     # several envs side by side: their test_env.py files and one test per check of each env
     tested = pytest_in(tmp_path, "--hubgym-env", ".")
@@ -119,5 +119,5 @@ def test_the_readme_multi_turn_example_passes_check(tmp_path):
     (folder / "builder.py").write_text(builder)
     (folder / "verifier.py").write_text(verifier)
     (folder / "golden.jsonl").write_text(re.findall(r"```jsonl\n(.*?)```", section, re.S)[0])
-    failed = [r.message for r in check_env(str(folder)) if not r.ok]
+    failed = [r.message for r in check_env(str(folder), max_rows=20) if not r.ok]
     assert failed == []

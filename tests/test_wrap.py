@@ -46,7 +46,7 @@ def compiles_cleanly(folder: Path) -> bool:
 
 
 def failed_checks(folder: Path) -> list[str]:
-    return [r.message for r in check_env(str(folder)) if not r.ok]
+    return [r.message for r in check_env(str(folder), max_rows=20) if not r.ok]
 
 
 def reward(folder: Path, task: dict, reply: str) -> float:
