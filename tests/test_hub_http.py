@@ -76,7 +76,8 @@ def test_missing_repo_revision_manifest_and_pin_over_http(hub):
     push_small(hub)
     with pytest.raises(EnvNotFoundError, match=r"repo 'org/arith' on the hf hub has no revision 'v9'"):
         load_env("org/arith@v9", hub=hub)
-    with pytest.raises(VerifierNotTrustedError, match=r"Its sha256 is [0-9a-f]{64}\. Read verifier\.py in .*, then pin"):
+    with pytest.raises(VerifierNotTrustedError,
+                       match=r"Its sha256 is [0-9a-f]{64}\. Read verifier\.py in .*, then pin"):
         load_env("org/arith", hub=hub)
     hub.create_repo("org/data")
     hub.commit("org/data", {"README.md": b"# only data\n"}, "no manifest")

@@ -16,5 +16,5 @@ from hubgym.rollout.tokens import ChatRenderer, TokenRecord
 from hubgym.rollout.writer import ShardWriter
 
 __all__ = ["ChatRenderer", "Engine", "EngineError", "LoopContext", "OpenAIEngine", "RequestError", "RolloutConfig",
-           "RunSummary", "Sample", "SamplingArgs", "ShardWriter", "TokenRecord", "Trajectory", "VLLMEngine", "VLLMServer",
-           "plot_rewards", "run_group", "run_rollouts", "scan_rollouts", "summarize"]
+           "RunSummary", "Sample", "SamplingArgs", "ShardWriter", "TokenRecord", "Trajectory", "VLLMEngine",
+           "VLLMServer", "plot_rewards", "run_group", "run_rollouts", "scan_rollouts", "summarize"]

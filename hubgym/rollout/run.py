@@ -341,7 +341,8 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
             for env, task in pending:
                 ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
                 trajs = await run_group(task, config.n, ctx)
-                rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
+                rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision)
+                        for t in trajs]
                 writer.add_group(rows, flush=False)
                 await store_due()
                 tokens = sum(sum(r["completion_mask"]) for r in rows)
