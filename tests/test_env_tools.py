@@ -18,7 +18,6 @@ from hubgym.authoring.scaffold import scaffold_env
 from hubgym.schemas import assistant, tool_call
 from hubgym.tools.registry import make_toolbox
 
-pytest_plugins = ["hub_server"]  # the hub_client fixture (tests/hub_server.py)
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub's LFS upload
 SMALL = {"sizes": {"train": 6, "test": 3}}
 

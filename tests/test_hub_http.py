@@ -13,9 +13,8 @@ from hubgym.errors import EnvContractError, EnvNotFoundError, HubAuthError, HubC
 from hubgym.hub import HfHub
 from hubgym.envs import load_env, push_env
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]  # the hub_server and hub_client fixtures (tests/hub_server.py)
 # huggingface_hub's LFS upload passes a file object as `data=`, which httpx2 deprecates: not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 

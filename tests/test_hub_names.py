@@ -20,9 +20,8 @@ from hubgym.envs import load_env, push_env
 from hubgym.hub.names import MAX_NAME, check_name, check_repo_id, check_repo_path, check_revision, shown
 from hubgym.hub.rollout_reader import parse_rollout_ref
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
 HOSTILE = ["..", ".", "/", "//", "\\", "\x00", "\n", "\r\n", " ", "\t", "%2e%2e", "%2f", "%00", "%2e%2e%2f", "~",

@@ -13,7 +13,6 @@ import pytest
 from hubgym.errors import ModelNotFoundError
 from hubgym.models import context_length, resolve_model
 
-pytest_plugins = ["hub_server"]  # the hub_server and hub_client fixtures (tests/hub_server.py)
 
 
 def push_model(folder: Path, repo: str) -> str:

@@ -2,7 +2,7 @@
 mid-run, and the shards, manifests and run id that two hand-started workers would write; then `hubgym score
 --ray` over that run gives what `hubgym score` gives on one machine.
 
-The cluster (tests/ray_cluster.py) starts with a head that has room for one worker, so the second waits; the
+The cluster (tests/helpers/ray_cluster.py) starts with a head that has room for one worker, so the second waits; the
 test adds a node once the run says so. One worker is SIGKILLed once its first groups are on disk: Ray starts
 it again and it resumes its shard. One long test, because every step needs the vLLM engines already started.
 """

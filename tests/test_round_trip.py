@@ -13,9 +13,8 @@ from hubgym.hub.rollouts import iter_rollouts, push_rollouts
 from hubgym.rollout import RolloutConfig, SamplingArgs, run_rollouts
 from hubgym.score.rescore import plot_diff, rescore
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]  # its fixtures: hub_server, hub_client, hub_spec
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
 
