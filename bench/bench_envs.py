@@ -128,7 +128,8 @@ def machine() -> str:
                 if line.startswith("model name")), platform.processor() or "unknown")
     load = os.getloadavg()[0]  # other work on the machine skews the numbers: say how busy it was
     return (f"{os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu}; Python {platform.python_version()}; "
-            f"datasets {datasets.__version__}; {datetime.date.today().isoformat()}; load average {load:.1f} when written")
+            f"datasets {datasets.__version__}; {datetime.date.today().isoformat()}; "
+            f"load average {load:.1f} when written")
 
 
 def build_table(results: list[BuildResult]) -> Table:

@@ -108,7 +108,7 @@ def make_rows(sequences: int, n: int, seq_len: int, vocab: int) -> list[dict]:
     """`sequences` rollouts of exactly `seq_len` tokens (1/8 prompt), in groups of `n` with 0/1 rewards."""
     import random
 
-    from test_train_stream import row  # the test suite's complete, schema-valid rollout row
+    from helpers.stream_rows import row  # the test suite's complete, schema-valid rollout row
 
     rng, prompt = random.Random(0), seq_len // 8
     completion = seq_len - prompt

@@ -265,7 +265,8 @@ def hubgym_pass(config, engine) -> Pass:
     from hubgym.rollout.writer import ShardWriter
 
     engine.llm.reset_prefix_cache()  # every pass starts cold: no prompt of an earlier pass is cached
-    writer = Timers(ShardWriter, ("__init__", "existing_ids", "shards", "add_group", "take", "flush", "write_shard", "write_manifest"))
+    writer = Timers(ShardWriter, ("__init__", "existing_ids", "shards", "add_group", "take", "flush", "write_shard",
+                                  "write_manifest"))
     steps = Timers(engine.llm.llm_engine, ("step",))  # called by the engine's serving thread only
     started = time.perf_counter()
     with writer, steps:
@@ -423,7 +424,8 @@ def ratio_table(passes: list[Pass]):
     row("whole call (task rows built inside), median", median(p.tokens / p.call_seconds for p in raw),
         median(p.tokens / p.call_seconds for p in hub))
     table.add_row("time outside engine steps, median (raw; hubgym)", "", "",
-                  f"{100 * median(p.outside_steps for p in raw):.1f}%; {100 * median(p.outside_steps for p in hub):.1f}%")
+                  f"{100 * median(p.outside_steps for p in raw):.1f}%; "
+                  f"{100 * median(p.outside_steps for p in hub):.1f}%")
     return table
 
 
@@ -443,7 +445,8 @@ def write_table(runs: list[tuple[str, Pass]]):
 def write_runs(passes: list[Pass], memory: list[MemoryRun], plan: Plan) -> list[tuple[str, Pass]]:
     hub = [p for p in passes if p.side == "hubgym"]
     runs = [(f"throughput pass {i + 1} ({plan.throughput.max_tokens}-token replies)", p) for i, p in enumerate(hub)]
-    return runs + [(f"memory run ({plan.memory_max_tokens}-token replies)", m.run) for m in memory if m.run.side == "hubgym"]
+    return runs + [(f"memory run ({plan.memory_max_tokens}-token replies)", m.run)
+                   for m in memory if m.run.side == "hubgym"]
 
 
 def memory_table(runs: list[MemoryRun]):
@@ -532,10 +535,11 @@ which includes waiting for the disk and for Python's lock.
 {markdown(write_table(runs))}
 
 Memory: peak RSS, sampled every 20 ms with psutil, of this process (hubgym + the vLLM front end) and of
-vLLM's engine-core processes, during hubgym runs of {hub_memory[0].run.rollouts} and {hub_memory[1].run.rollouts} rollouts
-({hub_memory[0].tasks} and {hub_memory[1].tasks} arithmetic tasks x n={plan.memory_n}, {plan.memory_max_tokens}-token
-replies), one after the other with the same engine, after a raw `LLM.generate` of the large workload
-(vLLM's worker grows while it meets new batch shapes, under raw generate as much, then levels off). "before" is the RSS when the run starts. A run keeps at
+vLLM's engine-core processes, during hubgym runs of {hub_memory[0].run.rollouts} and
+{hub_memory[1].run.rollouts} rollouts ({hub_memory[0].tasks} and {hub_memory[1].tasks} arithmetic tasks
+x n={plan.memory_n}, {plan.memory_max_tokens}-token replies), one after the other with the same engine,
+after a raw `LLM.generate` of the large workload (vLLM's worker grows while it meets new batch shapes,
+under raw generate as much, then levels off). "before" is the RSS when the run starts. A run keeps at
 most `concurrency` groups in flight (a bounded pool of workers pulls tasks one at a time) and at most one
 shard's rows buffered, so its memory does not grow with the number of rollouts; the task rows themselves
 (a few hundred bytes each) are held for the run.

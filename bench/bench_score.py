@@ -267,7 +267,8 @@ def rubric_for(verifier, shaped: bool):
         funcs.append(component(fn, name))
         weights.append(weight)
     if verifier.multi_turn:
-        steps = lambda task, completion: sum(s.reward for s in verifier.run_episode(task, actions_of(completion)).steps)
+        def steps(task, completion) -> float:
+            return sum(s.reward for s in verifier.run_episode(task, actions_of(completion)).steps)
         funcs.append(component(steps, "steps"))
         weights.append(1.0)
     if shaped:

@@ -7,7 +7,7 @@
 Rows: a small real run (vLLM, the tiny local model, arithmetic:easy, 8 tasks x 4 samples, up to 64
 tokens a reply: real token ids, logprobs, masks, scores and provenance) is replicated to `--rows` rows
 (new rollout ids and groups, everything else as sampled) and written by hubgym's ShardWriter, then
-pushed with `push_rollouts` to the loopback Hub-API server of the test suite (tests/hub_server.py),
+pushed with `push_rollouts` to the loopback Hub-API server of the test suite (tests/helpers/hub_server.py),
 started by this script on 127.0.0.1 in a child process (`--server thread`: in this process). Side by
 side in one run, each reader from cold caches `--repeats` times (the readers take turns in every round),
 medians reported. The clock starts
@@ -96,7 +96,7 @@ def replicate(rows: list[dict], total: int, out: Path, per_shard: int) -> Path:
 
 def serve(root: Path, urls, stop) -> None:
     """The loopback Hub-API server in a child process (`--server process`): it runs until `stop` is set."""
-    from hub_server import HubServer
+    from helpers.hub_server import HubServer
 
     server = HubServer(root).start()
     urls.put(server.url)
@@ -107,7 +107,7 @@ def serve(root: Path, urls, stop) -> None:
 def start_server(where: str, root: Path) -> tuple[str, Callable[[], None]]:
     """(its URL, how to stop it), the server in this process (threads) or in a child process."""
     if where == "thread":
-        from hub_server import HubServer
+        from helpers.hub_server import HubServer
 
         server = HubServer(root).start()
         return server.url, server.stop
@@ -220,7 +220,8 @@ def write_results(text: str, args: argparse.Namespace, seed_rows_count: int, loa
     body = (f"Measured {dt.date.today()} with `python bench/bench_stream.py{flags}` on "
             f"{platform.machine()} ({os.cpu_count()} cores); {load} (`uptime`). Rows: {seed_rows_count} real rollouts "
             f"(vLLM, the tiny local model, arithmetic:easy, up to 64 tokens a reply) replicated to {args.rows:,} with "
-            f"new ids, {args.per_shard} a shard. The loopback Hub-API server (tests/hub_server.py) runs {server} on "
+            f"new ids, {args.per_shard} a shard. The loopback Hub-API server (tests/helpers/hub_server.py) "
+            f"runs {server} on "
             f"127.0.0.1. Medians of {args.repeats} reads from cold caches, after one untimed row per reader.\n\n```\n"
             f"{text}```\n\nThe hubgym readers check each shard whole against its sha256 before handing out any of "
             f"its rows, so their time to first row is one shard's transfer; `datasets` starts on a shard's first "

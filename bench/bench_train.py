@@ -50,7 +50,7 @@ SHAPES = {  # --model: default --groups, --prompt, --completion, --steps, and ho
 
 def make_rows(groups: int, n: int, prompt: int, completion: int, seed: int = 0) -> list[dict]:
     """Rollout rows with random tokens (the model does not care), rewards 0/1 per sample."""
-    from test_train_stream import row  # the test suite's complete, schema-valid rollout row
+    from helpers.stream_rows import row  # the test suite's complete, schema-valid rollout row
 
     rng = random.Random(seed)
     rows = []

@@ -161,7 +161,8 @@ def child(args, which: str, model: Path, work: Path) -> list[dict]:
     result = work / f"{which}.json"
     command = [sys.executable, __file__, "--side", which, "--model-dir", str(model), "--json", str(result),
                "--steps", str(args.steps), "--groups", str(args.groups), "--n", str(args.n),
-               "--max-tokens", str(args.max_tokens), "--loss", args.loss, "--lr", str(args.lr), "--seed", str(args.seed)]
+               "--max-tokens", str(args.max_tokens), "--loss", args.loss, "--lr", str(args.lr),
+               "--seed", str(args.seed)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"the {which} side failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
@@ -193,7 +194,8 @@ def table(results: dict[str, dict[str, dict[str, float]]]):
             ratios = ("", "") if name == "trl" else (f"{r['step_s'] / s['step_s']:.2f}x",
                                                       f"{s['train_tokens_s'] / r['train_tokens_s']:.2f}x")
             t.add_row(model, name, str(s["steps"]), f"{s['step_s']:.3f}", f"{s['sampling_s']:.3f}",
-                      f"{s['sync_s']:.3f}", f"{s['training_s']:.3f}", f"{s['tokens']:,.0f}", f"{s['train_tokens_s']:,.0f}", *ratios)
+                      f"{s['sync_s']:.3f}", f"{s['training_s']:.3f}", f"{s['tokens']:,.0f}",
+                      f"{s['train_tokens_s']:,.0f}", *ratios)
     return t
 
 

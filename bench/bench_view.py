@@ -36,7 +36,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the loopback Hub-API server of the test suite (tests/hub_server.py)
+sys.path.insert(0, str(ROOT / "tests"))  # the loopback Hub-API server of the test suite (tests/helpers/hub_server.py)
 from results import write_section  # noqa: E402  (bench/ is on sys.path when run as a script)
 
 HEADING = "## hubgym view: the index of a large run vs the run in memory"
@@ -138,7 +138,7 @@ def measure(repeats: int, sources: dict[str, tuple[str, str | None]]) -> dict[tu
 def start_hub(root: Path):
     """The loopback Hub-API server, in a thread here (the sides read it over HTTP); huggingface_hub reads these
     variables at import, so this runs before anything imports it."""
-    from hub_server import HubServer
+    from helpers.hub_server import HubServer
 
     server = HubServer(root / "server").start()
     os.environ.update(HF_ENDPOINT=server.url, HF_HUB_DISABLE_XET="1", HF_HUB_OFFLINE="0", HF_HOME=str(root / "hf"),
@@ -179,7 +179,8 @@ def report(args, results: dict[tuple[str, str], dict], run_mb: float, load: floa
                      f"{v['ready_s'] / w['ready_s']:.2f}x, 200 random rows {v['open_s'] / w['open_s']:.2f}x.")
     lines += ["", "The local run's shards are memory-mapped, so loading it whole costs page cache, not the "
               "process's own memory; a hub run's shards are fetched into memory (the loopback Hub-API server of "
-              "tests/hub_server.py, in a thread of the benchmark's process, over HTTP). Both sides read every shard "
+              "tests/helpers/hub_server.py, in a thread of the benchmark's process, over HTTP). "
+              "Both sides read every shard "
               "once with the same checks (sha256 against the manifest); the view keeps the "
               "small columns of each shard and drops the rest, so its memory grows with the row count "
               "(the index), not with the tokens and messages. Opening a row reads its shard again (two kept): "

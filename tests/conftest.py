@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+# tests/helpers/ holds what several test modules share; its asserts get pytest's rewriting, as the tests' own do.
+# Registered before anything imports the package (a module imported first could not be rewritten).
+pytest.register_assert_rewrite("helpers")
+
+pytest_plugins = ["helpers.hub_server"]  # the hub_server, hub_client and hub_spec fixtures
+
 # The Hub is never reachable from tests; datasets writes lock files under HF_HOME even offline.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HOME", str(Path(tempfile.gettempdir()) / f"hubgym-test-hf-{os.getpid()}"))
@@ -42,8 +48,8 @@ def smollm2_tokenizer(smollm2_model):
 
 @pytest.fixture()
 def cluster():
-    """A real local Ray cluster (tests/ray_cluster.py: a head on 127.0.0.1), stopped after the test."""
-    from ray_cluster import LocalRayCluster
+    """A real local Ray cluster (tests/helpers/ray_cluster.py: a head on 127.0.0.1), stopped after the test."""
+    from helpers.ray_cluster import LocalRayCluster
 
     started = LocalRayCluster()
     yield started

@@ -59,7 +59,8 @@ def test_rows_carry_the_entry_and_test_holds_no_train_question():
     assert set(info) == {"generator", "config", "question", "answer", "metadata"}
     assert info["generator"] == "basic_arithmetic" and json.loads(info["config"]) == {"max_terms": 2, "max_digits": 1}
     assert json.loads(info["metadata"])["source_dataset"] == "basic_arithmetic"
-    assert "<answer></answer>" in test[0]["prompt"][0]["content"] and test[0]["prompt"][1]["content"] == info["question"]
+    assert "<answer></answer>" in test[0]["prompt"][0]["content"]
+    assert test[0]["prompt"][1]["content"] == info["question"]
     score = rg.FAMILY.builder("rg_basic_arithmetic").verifier().score
     assert score(test[0], [assistant(f"<answer>{info['answer']}</answer>")]).reward == 1.0
     assert score(test[0], [assistant("<answer>no idea</answer>")]).reward == 0.0

@@ -169,7 +169,8 @@ def test_step_leaves_the_global_random_generator_alone_and_threads_do_not_mix():
     serial = {i: play(t, episodes[i]) for i, t in enumerate(tasks)}
     assert random.getstate() == before
     threaded: list[list] = [[] for _ in range(2 * len(tasks))]  # each game twice, all at once
-    workers = [threading.Thread(target=lambda j=j: threaded[j].extend(play(tasks[j % len(tasks)], episodes[j % len(tasks)])))
+    workers = [threading.Thread(
+                   target=lambda j=j: threaded[j].extend(play(tasks[j % len(tasks)], episodes[j % len(tasks)])))
                for j in range(len(threaded))]
     for w in workers:
         w.start()

@@ -53,7 +53,8 @@ def test_build_all_configs_as_arrow(tmp_path):
     result = hubgym("build", "arithmetic", "--config", "all", "--format", "arrow", "--out", tmp_path)
     assert result.exit_code == 0, result.output
     built = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.glob("*/*.arrow"))
-    assert built == [f"{c}/arithmetic-{s}.arrow" for c in ("easy", "hard", "medium", "sums", "tiny") for s in ("test", "train")]
+    assert built == [f"{c}/arithmetic-{s}.arrow"
+                     for c in ("easy", "hard", "medium", "sums", "tiny") for s in ("test", "train")]
     medium = datasets.Dataset.from_file(str(tmp_path / "medium" / "arithmetic-train.arrow"))
     assert len(medium) == 1000 and "10 files written" in result.output
 
@@ -212,8 +213,8 @@ def test_console_script_smoke(tmp_path):
 
 def test_the_local_rank_deepspeeds_launcher_puts_before_the_command_is_dropped():
     """`deepspeed ... $(which hubgym) train cfg.yaml` runs `hubgym --local_rank=0 train cfg.yaml`."""
-    result = subprocess.run([sys.executable, "-m", "hubgym", "--local_rank=0", "envs", "arithmetic", "--format", "names"],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "hubgym", "--local_rank=0", "envs", "arithmetic",
+                             "--format", "names"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "arithmetic" in result.stdout.split()
     from hubgym.cli import without_launcher_rank

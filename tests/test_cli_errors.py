@@ -19,7 +19,7 @@ from hubgym.cli import app
 from hubgym.errors import ContextLengthError
 from hubgym.models import context_length, resolve_model
 from hubgym.models.tiny import default_tiny_model
-from test_stored_data_fuzz import write_run
+from helpers.scored_runs import write_run
 
 runner = CliRunner()
 

@@ -126,7 +126,8 @@ BROKEN = {
         f"[env='impure_socket' config='default' split='train' row='{{id}}' field='verifier']. {PURE_FIX}"),
     "verifier_raises": (
         "check_scoring_no_errors: the verifier raised IndexError: list index out of range (at verifier.py:10 in "
-        "correct) while scoring the empty reply; a verifier exception on well-formed input is a bug (the rollout is dropped from training) "
+        "correct) while scoring the empty reply; a verifier exception on well-formed input is a bug (the rollout is "
+        "dropped from training) "
         "[env='verifier_raises' config='default' split='train' row='{id}' field='correct']. Fix: return a low "
         "reward for empty, off-format or wrong replies; raise only for a malformed task row"),
     "reward_out_of_range": (

@@ -3,7 +3,7 @@ hubgym writer writes: every reader refuses each with one ShardError naming the f
 before any of its values is used. The fuzzer's crash cases (fuzz_mutations.CRASH_CASES: a segmentation fault,
 tracebacks and silent reads before) are one line from the installed command; a rollout stored twice is refused
 naming the shard; a non-finite stored reward counts as an error and is named; a reward near the largest float
-is drawn; and the fuzzer (fuzz_stored.py) runs 500 mutants of real stored files with no traceback, signal,
+is drawn; and the fuzzer (helpers/fuzz_stored.py) runs 500 mutants of real stored files with no traceback, signal,
 silent success or hang."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from fuzz_mutations import CRASH_CASES, crash_case, read_table, write_table
+from helpers.fuzz_mutations import CRASH_CASES, crash_case, read_table, write_table
 from hubgym.cli import app
 from hubgym.errors import ShardError, SkippedShardsWarning
 from hubgym.hub import LocalHub
@@ -34,7 +34,7 @@ from hubgym.stats.table import TaskStats
 from hubgym.train.groups import GroupSettings
 from hubgym.train.local_shards import LocalShards
 from hubgym.train.stream import GroupStream
-from test_stored_data_fuzz import ROWS_PER_SHARD, write_run
+from helpers.scored_runs import ROWS_PER_SHARD, write_run
 
 runner = CliRunner()
 
@@ -221,7 +221,7 @@ def test_the_report_plot_draws_rewards_and_components_near_the_largest_float(goo
 @pytest.mark.slow
 def test_500_mutants_of_stored_files_give_no_traceback_signal_silent_success_or_hang(tmp_path):
     """The fuzzer as CI runs it (the 10,000-mutant run in bench/RESULTS.md is the same with --mutants 10000)."""
-    from fuzz_stored import BAD, TARGETS, fuzz
+    from helpers.fuzz_stored import BAD, TARGETS, fuzz
 
     outcomes = fuzz(seed=0, mutants=500, root=tmp_path / "corpus", out=tmp_path / "out")
     bad = [o for o in outcomes if o["outcome"] in BAD]

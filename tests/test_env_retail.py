@@ -1,4 +1,5 @@
-"""The `retail` env and tools: real builds, tool schemas, store rules, per-rollout state, replay scoring, golden cases."""
+"""The `retail` env and tools: real builds, tool schemas, store rules, per-rollout state, replay scoring,
+golden cases."""
 
 import copy
 import json
@@ -130,7 +131,8 @@ def test_wrong_or_missing_actions_earn_nothing(built):
         for g in goals:
             agent(g["call"]["name"], g["call"]["arguments"])
         assert agent.score() == 1.0
-        took = not agent(goals[0]["call"]["name"], {**goals[0]["call"]["arguments"], "order_id": others[0]}).startswith("Error: ")
+        answer = agent(goals[0]["call"]["name"], {**goals[0]["call"]["arguments"], "order_id": others[0]})
+        took = not answer.startswith("Error: ")
         assert agent.score() == (0.0 if took else 1.0)
         outcomes.add(took)
     assert outcomes == {True, False}
@@ -210,7 +212,8 @@ def _random_call(rng: random.Random, db: dict) -> tuple[str, str]:
         ("update_address", {"order_id": order_id, "address1": " 1 Main St ", "city": "Reno", "state": "NV",
                             "zip": rng.choice(["89501", "89501", 89501])}),
         ("return_items", {"order_id": order_id, "item_ids": [i["item_id"] for i in picked]}),
-        ("exchange_items", {"order_id": order_id, "item_ids": [i["item_id"] for i in picked], "new_item_ids": variants}),
+        ("exchange_items", {"order_id": order_id, "item_ids": [i["item_id"] for i in picked],
+                            "new_item_ids": variants}),
     ])
     return name, json.dumps(arguments) if rng.random() < 0.95 else "{not json"
 

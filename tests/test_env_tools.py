@@ -18,7 +18,6 @@ from hubgym.authoring.scaffold import scaffold_env
 from hubgym.schemas import assistant, tool_call
 from hubgym.tools.registry import make_toolbox
 
-pytest_plugins = ["hub_server"]  # the hub_client fixture (tests/hub_server.py)
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")  # huggingface_hub's LFS upload
 SMALL = {"sizes": {"train": 6, "test": 3}}
 
@@ -118,7 +117,8 @@ from hubgym.rollout import RolloutConfig, run_rollouts
 from hubgym.engines import SamplingArgs
 
 ref, pin, hub, model, out = sys.argv[1:]
-CALL = '<tool_call>\\n{"name": "convert", "arguments": {"value": 3.5, "from_unit": "km", "to_unit": "m"}}\\n</tool_call>'
+CALL = ('<tool_call>\\n{"name": "convert", "arguments": {"value": 3.5, "from_unit": "km", "to_unit": "m"}}'
+        '\\n</tool_call>')
 if __name__ == "__main__":  # every reply is forced to call the env's own tool (vLLM structured outputs)
     config = RolloutConfig(envs=[ref], model=model, out=out, n=2, limit=2, max_model_len=1024, hub=hub,
                            pins={"org/units": pin}, sampling=SamplingArgs(max_tokens=160, regex=re.escape(CALL)))

@@ -146,7 +146,7 @@ def poisoned(monkeypatch, when: str):
 def test_a_loss_or_weight_that_is_not_finite_stops_training_and_nothing_is_exported(tiny_model, tmp_path,
                                                                                      monkeypatch, when, what):
     """The run stops at that step, saves nothing of it and exports no model; the CLI says so in one line."""
-    from test_hub_rollouts import make_run
+    from helpers.scored_runs import make_run
 
     poisoned(monkeypatch, when)
     rollouts = make_run(tmp_path / "rollouts", "r", groups=4, right=lambda g, s: s == 0)
@@ -160,7 +160,7 @@ def test_a_loss_or_weight_that_is_not_finite_stops_training_and_nothing_is_expor
 
 @pytest.mark.slow
 def test_offline_data_with_nothing_to_train_on_is_one_line(tiny_model, tmp_path):
-    from test_hub_rollouts import make_run
+    from helpers.scored_runs import make_run
 
     rows = make_run(tmp_path / "rollouts", "r", groups=2, right=lambda g, s: s == 0)  # arithmetic rows only
     line = one_error_line(["train", str(TINY_CONFIG), "--set", f"model={tiny_model}", "--set",

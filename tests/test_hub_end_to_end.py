@@ -19,9 +19,8 @@ import hubgym
 from hubgym.cli import app
 from hubgym.hub.rollouts import iter_rollouts
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
 BUILDER = '''"""parity: reply with a text of even length (a reward a random model earns about half the time).

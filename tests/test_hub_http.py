@@ -13,9 +13,8 @@ from hubgym.errors import EnvContractError, EnvNotFoundError, HubAuthError, HubC
 from hubgym.hub import HfHub
 from hubgym.envs import load_env, push_env
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]  # the hub_server and hub_client fixtures (tests/hub_server.py)
 # huggingface_hub's LFS upload passes a file object as `data=`, which httpx2 deprecates: not ours to fix
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
@@ -76,7 +75,8 @@ def test_missing_repo_revision_manifest_and_pin_over_http(hub):
     push_small(hub)
     with pytest.raises(EnvNotFoundError, match=r"repo 'org/arith' on the hf hub has no revision 'v9'"):
         load_env("org/arith@v9", hub=hub)
-    with pytest.raises(VerifierNotTrustedError, match=r"Its sha256 is [0-9a-f]{64}\. Read verifier\.py in .*, then pin"):
+    with pytest.raises(VerifierNotTrustedError,
+                       match=r"Its sha256 is [0-9a-f]{64}\. Read verifier\.py in .*, then pin"):
         load_env("org/arith", hub=hub)
     hub.create_repo("org/data")
     hub.commit("org/data", {"README.md": b"# only data\n"}, "no manifest")

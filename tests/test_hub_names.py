@@ -20,15 +20,15 @@ from hubgym.envs import load_env, push_env
 from hubgym.hub.names import MAX_NAME, check_name, check_repo_id, check_repo_path, check_revision, shown
 from hubgym.hub.rollout_reader import parse_rollout_ref
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
 HOSTILE = ["..", ".", "/", "//", "\\", "\x00", "\n", "\r\n", " ", "\t", "%2e%2e", "%2f", "%00", "%2e%2e%2f", "~",
            "@", "@{", ":", "*", "?", "[", ".git", ".lock", "--", "-", "_", "é", "\u202e", "\u200b", "\uff0e\uff0e",
            "/etc/passwd", "C:\\Windows", "..\\..", "x" * 97, "y" * 300, "main", "0123abc", "refs/pr/1"]
-pieces = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=10), st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True))
+pieces = st.one_of(st.sampled_from(HOSTILE), st.text(max_size=10),
+                   st.from_regex(r"[A-Za-z0-9_.-]{1,12}", fullmatch=True))
 names = st.lists(pieces, min_size=0, max_size=5).map("".join)
 repo_ids = st.one_of(names, st.tuples(names, names).map("/".join))
 
@@ -216,7 +216,8 @@ def test_no_local_revision_resolves_or_reads_outside_its_repo(local, revision):
 
 def test_a_link_in_the_local_hub_that_leads_out_is_refused(tmp_path):
     hub = LocalHub(tmp_path / "hub")
-    result = push_env("arithmetic", "org/arith", hub=hub, configs=["easy"], overrides={"sizes": {"train": 2, "test": 1}})
+    result = push_env("arithmetic", "org/arith", hub=hub, configs=["easy"],
+                      overrides={"sizes": {"train": 2, "test": 1}})
     secret = tmp_path / "secret.py"
     secret.write_text("REWARDS = {}\n")
     snapshot = hub.resolve("org/arith").path

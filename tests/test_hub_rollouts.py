@@ -4,7 +4,6 @@ hubgym's reader, resume an interrupted push, refuse a truncated shard, name a co
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import re
@@ -17,8 +16,6 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from hubgym.envs.build import build_tasks
-from hubgym.envs import resolve_env
 from hubgym.cli import app
 from hubgym.errors import HubConnectionError, ShardError, SkippedShardsWarning, VerifierNotTrustedError
 from hubgym.hub import HfHub, LocalHub
@@ -28,47 +25,12 @@ from hubgym.hub.rollouts import iter_batches, iter_rollouts, open_rollouts, push
 from hubgym.files import sha256_file
 from hubgym.engines import SamplingArgs
 from hubgym.rollout import RolloutConfig, run_rollouts
-from hubgym.rollout.writer import ShardWriter
-from hubgym.schemas import assistant
 from hubgym.score.rescore import rescore
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
+from helpers.scored_runs import make_run
 
-pytest_plugins = ["hub_server"]  # its fixtures: hub_server, hub_client, hub_spec
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
-
-
-def make_run(folder, run_id: str, groups: int = 6, n: int = 2, per_shard: int = 4, right=lambda g, s: s == 0):
-    """A run folder of scored arithmetic rollouts (answers `right(group, sample)`: sample 0's, by default)."""
-    verifier = resolve_env("arithmetic").verifier()
-    tasks = build_tasks("arithmetic", "easy")["test"]
-    writer = ShardWriter(folder, "w000of001", max_rows=per_shard)
-    for g in range(groups):
-        task, rows = tasks[g % len(tasks)], []
-        for s in range(n):
-            answer = task["info"]["answer"] if right(g, s) else "999"
-            completion = [assistant(f"<answer>{answer}</answer>")]
-            score = verifier.score(task, completion)
-            rows.append({
-                "rollout_id": f"{run_id}-{g}-{task['id']}-{s}", "run_id": run_id, "task_id": task["id"],
-                "env": "arithmetic", "group": f"{run_id}-{g}-{task['id']}", "sample": s, "prompt": task["prompt"],
-                "completion": completion, "info": task["info"], "interaction": task["interaction"],
-                "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "completion_mask": [1, 1],
-                "completion_logprobs": [-0.5, -0.5], "tokens_consistent": True, "reward": score.reward,
-                "metrics": [{"name": f"reward/{k}", "value": v} for k, v in score.components.items()],
-                "finish_reason": "stop", "truncated": False, "num_turns": 1, "error": None,
-                "provenance": {"model": "m", "policy_version": 0, "sampling": "{}", "env_repo": None,
-                               "env_revision": None, "verifier_module": verifier.name,
-                               "verifier_sha256": verifier.sha256, "engine": "vllm", "engine_version": "0",
-                               "chat_template_sha256": None},
-                "timings": {"generate_s": 0.0, "tools_s": 0.0, "score_s": 0.0, "total_s": 0.0},
-                "created_at": dt.datetime.now(dt.timezone.utc)})
-        writer.add_group(rows)
-    writer.flush()
-    writer.write_manifest({"run_id": run_id, "model": "m", "policy_version": 0, "sampling": {},
-                           "envs": {"arithmetic": {"config": "easy", "tasks": groups}},
-                           "shard_files": writer.shard_files()})
-    return folder
 
 
 ANSWER = r"<answer>[0-9]{1,2}</answer>"  # constrained replies: some right, some wrong, all scored

@@ -14,7 +14,6 @@ import pytest
 from hubgym.errors import ModelNotFoundError
 from hubgym.models import context_length, resolve_model
 
-pytest_plugins = ["hub_server"]  # the hub_server and hub_client fixtures (tests/hub_server.py)
 
 
 def push_model(folder: Path, repo: str) -> str:
@@ -65,8 +64,10 @@ def test_a_tokenizer_only_lookup_fetches_no_weights(hub_client, tiny_model):
     assert (folder / "tokenizer.json").is_file() and not list(folder.glob("*.safetensors"))
 
 
-@pytest.mark.parametrize("ref,said", [("org/missing", "no Hub model org/missing could be read"),
-                                      ("org/real@no-such-branch", "no Hub model org/real@no-such-branch could be read")])
+@pytest.mark.parametrize("ref,said", [
+    ("org/missing", "no Hub model org/missing could be read"),
+    ("org/real@no-such-branch", "no Hub model org/real@no-such-branch could be read"),
+])
 def test_a_hub_model_that_is_not_there_is_one_line(hub_client, tiny_model, ref, said):
     push_model(tiny_model, "org/real")
     with pytest.raises(ModelNotFoundError) as caught:

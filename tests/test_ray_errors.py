@@ -1,6 +1,6 @@
 """Bad input of `--ray`: no Ray installed, an address that does not answer, a node that does not see the run
 folder, a worker that keeps dying. Each is one line, and none of them needs vLLM: each stops before an engine
-starts. The clusters are real (tests/ray_cluster.py): a head on 127.0.0.1, and a second node under bubblewrap
+starts. The clusters are real (tests/helpers/ray_cluster.py): a head on 127.0.0.1, and a second node under bubblewrap
 whose view of the run folder's parent is an empty tmpfs, the layout of a node without the shared filesystem."""
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def test_a_verifier_file_a_node_lacks_is_written_from_the_drivers_bytes_and_hash
 @pytest.mark.slow
 def test_a_cluster_that_asks_for_a_token_says_how_to_send_it(monkeypatch):
     """Ray's token authentication: a head that wants a token, a client without RAY_AUTH_MODE=token."""
-    from ray_cluster import LocalRayCluster
+    from helpers.ray_cluster import LocalRayCluster
 
     token = "0123456789abcdef" * 4
     cluster = LocalRayCluster(env={"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})

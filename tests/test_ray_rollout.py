@@ -2,7 +2,7 @@
 mid-run, and the shards, manifests and run id that two hand-started workers would write; then `hubgym score
 --ray` over that run gives what `hubgym score` gives on one machine.
 
-The cluster (tests/ray_cluster.py) starts with a head that has room for one worker, so the second waits; the
+The cluster (tests/helpers/ray_cluster.py) starts with a head that has room for one worker, so the second waits; the
 test adds a node once the run says so. One worker is SIGKILLed once its first groups are on disk: Ray starts
 it again and it resumes its shard. One long test, because every step needs the vLLM engines already started.
 """
@@ -61,9 +61,9 @@ def test_a_ray_run_with_a_late_node_and_a_killed_worker_writes_what_hand_started
     out, log = tmp_path / "run", tmp_path / "log"
     address = cluster.start_head(num_cpus=1)  # room for one worker: the other waits for the node added below
     command = [HUBGYM, "rollout", "arithmetic:medium", "--model", str(tiny_model), "--n", str(N), "--limit",
-               str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024", "--max-tokens", str(MAX_TOKENS), "--out",
-               str(out), "--ray", "--ray-address", address, "--workers", str(WORKERS), "--push", "test/rollouts",
-               "--hub", str(tmp_path / "hub")]
+               str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024", "--max-tokens", str(MAX_TOKENS),
+               "--out", str(out), "--ray", "--ray-address", address, "--workers", str(WORKERS),
+               "--push", "test/rollouts", "--hub", str(tmp_path / "hub")]
     wide = {**os.environ, "COLUMNS": "300"}  # lines and tables unwrapped
     with open(log, "w") as handle:
         proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=wide)

@@ -244,7 +244,8 @@ def test_unknown_or_unfitting_parsers_are_one_line_errors(smollm2_tokenizer):
 def test_chat_template_kwargs_reach_every_render_and_the_audit(smollm2_tokenizer, wordle_task):
     tok = copy.deepcopy(smollm2_tokenizer)
     assert "named SmolLM," in tok.chat_template
-    tok.chat_template = tok.chat_template.replace("named SmolLM,", "named ' + (assistant_name | default('SmolLM')) + ',")
+    tok.chat_template = tok.chat_template.replace("named SmolLM,",
+                                                  "named ' + (assistant_name | default('SmolLM')) + ',")
     named = ChatRenderer(tok, chat_template_kwargs={"assistant_name": "Wordsmith"})
     task = make_task("wordle", [user("Guess my 5-letter word.")], wordle_task["info"], wordle_task["interaction"])
     secret = task["info"]["secret"]

@@ -10,10 +10,9 @@ import time
 from pathlib import Path
 
 from hubgym.files import sha256_file
-from hubgym.rollout.writer import ShardWriter, worker_name
-from test_rollout_writer import group, read_ids
+from hubgym.rollout.writer import ShardWriter
 
-WORKER = worker_name(0, 1)
+from helpers.rollout_rows import WORKER, group, read_ids
 
 
 def wait_until_due(writer: ShardWriter) -> None:
@@ -62,7 +61,7 @@ def test_a_resumed_writer_reads_the_open_shard_again_when_the_manifest_lags(tmp_
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_rollout_writer import group, WORKER
+        from helpers.rollout_rows import group, WORKER
         from hubgym.rollout.writer import ShardWriter
         writer = ShardWriter({str(tmp_path)!r}, WORKER, max_rows=100, flush_every_s=0.0)
         writer.add_group(group(0), flush=False)

@@ -62,8 +62,9 @@ def test_the_reaper_kills_every_process_started_in_engine_process_env_when_its_p
 
 def command(model: Path, out: Path) -> list[str]:
     return [str(Path(sys.executable).with_name("hubgym")), "rollout", "arithmetic:medium", "--model", str(model),
-            "--n", str(N), "--limit", str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024", "--max-tokens", "256",
-            "--out", str(out)]  # long replies: the run lasts well past the first time-based flush
+            "--n", str(N), "--limit", str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024",
+            "--max-tokens", "256",  # long replies: the run lasts well past the first time-based flush
+            "--out", str(out)]
 
 
 def stored_rows(out: Path) -> int:

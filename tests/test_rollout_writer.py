@@ -3,7 +3,6 @@ bytes, resume ids, the manifest, and shards that pyarrow, polars and datasets al
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import subprocess
 import sys
@@ -17,42 +16,9 @@ import pytest
 from hubgym.errors import SchemaError
 from hubgym.hub.rollout_stats import shard_files
 from hubgym.rollout.writer import ShardWriter, worker_name
-from hubgym.schemas import assistant, interaction, rollouts_to_table, tool_result, user, validate_rollouts
-from hubgym.schemas.rollouts import Rollout
+from hubgym.schemas import rollouts_to_table, validate_rollouts
 
-WORKER = worker_name(0, 1)
-
-
-def make_row(task: int, sample: int, tokens: int = 6) -> Rollout:
-    """A valid rollout row: a tool turn with mask-0 tokens between two model turns."""
-    ids = list(range(100, 100 + tokens))
-    mask = [1, 1] + [0] * (tokens - 3) + [1]
-    return {
-        "rollout_id": f"run-t{task}-{sample}", "run_id": "run", "task_id": f"t{task}", "env": "calc_tools",
-        "group": f"run-t{task}", "sample": sample, "prompt": [user(f"What is {task} * 3?")],
-        "completion": [assistant("calling"), tool_result(str(task * 3), "call-0-0", "calculator"),
-                       assistant(f"<answer>{task * 3}</answer>")],
-        "info": {"answer": str(task * 3), "nested": {"k": [1, 2]}},
-        "interaction": interaction("tool_use", max_turns=4, tools=["calculator"]),
-        "prompt_ids": [1, 2, 3], "completion_ids": ids, "completion_mask": mask,
-        "completion_logprobs": [-0.5 if m else 0.0 for m in mask], "tokens_consistent": True,
-        "reward": 1.0, "metrics": [{"name": "reward/correct", "value": 1.0}], "finish_reason": "stop",
-        "truncated": False, "num_turns": 2, "error": None,
-        "provenance": {"model": "tiny", "policy_version": 0, "sampling": "{}", "env_repo": None, "env_revision": None,
-                       "verifier_module": "hubgym.verifiers.calc_tools", "verifier_sha256": "0" * 64,
-                       "engine": "vllm", "engine_version": "0.32.0", "chat_template_sha256": "1" * 64},
-        "timings": {"generate_s": 0.1, "tools_s": 0.01, "score_s": 0.001, "total_s": 0.111},
-        "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.UTC),
-    }
-
-
-def group(task: int, n: int = 2) -> list[Rollout]:
-    return [make_row(task, i) for i in range(n)]
-
-
-def read_ids(path: Path) -> list[str]:
-    with pa.memory_map(str(path)) as source:
-        return pa.ipc.open_file(source).read_all().column("rollout_id").to_pylist()
+from helpers.rollout_rows import WORKER, group, make_row, read_ids
 
 
 def visible(run_dir: Path) -> list[str]:
@@ -146,7 +112,7 @@ def test_a_crash_mid_write_leaves_no_visible_shard_and_the_next_writer_cleans_up
     script = textwrap.dedent(f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_rollout_writer import group, WORKER
+        from helpers.rollout_rows import group, WORKER
         from hubgym.rollout.writer import ShardWriter
         writer = ShardWriter({str(tmp_path)!r}, WORKER, max_rows=2)
         writer.add_group(group(0))            # one complete shard

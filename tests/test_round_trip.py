@@ -14,9 +14,8 @@ from hubgym.engines import SamplingArgs
 from hubgym.rollout import RolloutConfig, run_rollouts
 from hubgym.score.rescore import plot_diff, rescore
 
-from hub_server import TOKEN
+from helpers.hub_server import TOKEN
 
-pytest_plugins = ["hub_server"]  # its fixtures: hub_server, hub_client, hub_spec
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
 

@@ -195,9 +195,9 @@ def test_memory_hog_gets_memory_error(code, bound):
 
 
 # Holders each write (so make resident) `mb` MB, then hold it until the main program, which has seen
-# all of them holding at once and waited a second, exits. Detached ones are fresh interpreters in grandchildren: re-parented to the
-# sandbox's pid 1, in a session of their own, their output closed. Every process carries `marker`
-# on its command line. Unbounded, the program prints "held" and exits 0.
+# all of them holding at once and waited a second, exits. Detached ones are fresh interpreters in
+# grandchildren: re-parented to the sandbox's pid 1, in a session of their own, their output closed.
+# Every process carries `marker` on its command line. Unbounded, the program prints "held" and exits 0.
 HOLDERS = """
 import os, sys, time
 if sys.argv[-1] != "{marker}":

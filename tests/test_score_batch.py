@@ -98,8 +98,8 @@ def test_a_reply_cut_short_is_not_an_env_action_when_scored_stored_or_rescored()
     assert last_reply_cut(completion, "context_length", None)
 
     row = {"task_id": task["id"], "env": "wordle", "prompt": task["prompt"], "completion": completion,
-           "info": json.dumps(task["info"]), "interaction": task["interaction"], "error": None, "finish_reason": "length",
-           "metrics": [{"name": "reward/steps", "value": 0.0}]}
+           "info": json.dumps(task["info"]), "interaction": task["interaction"], "error": None,
+           "finish_reason": "length", "metrics": [{"name": "reward/steps", "value": 0.0}]}
     schema = pa.schema([pa.field(c, pa.string()) if c == "info" else ROLLOUT_SCHEMA.field(c) for c in SCORED_COLUMNS])
     batch = pa.RecordBatch.from_pylist([row], schema=schema)  # as `slim` lays it out: info as its JSON text
     spec = VerifierSpec.of(verifier, "wordle", "registry")

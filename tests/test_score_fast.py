@@ -88,7 +88,9 @@ def stored_row(i: int, task: dict, completion: list[dict], *, error: dict | None
 def hostile_rows() -> list[dict]:
     """Rows of arithmetic (some hostile), reverse_text and wordle (multi_turn, one reply cut short)."""
     (task, completion), *_ = golden("arithmetic")
-    reply = lambda text: [{"role": "assistant", "content": text}]
+
+    def reply(text: str) -> list[dict]:
+        return [{"role": "assistant", "content": text}]
     rows = [stored_row(0, task, completion), stored_row(1, task, reply("nan please")),
             stored_row(2, task, reply("a text reply")), stored_row(3, task, completion, error=ENGINE_ERROR),
             stored_row(4, task, completion, error=VERIFIER_ERROR),
@@ -116,7 +118,8 @@ def hostile_spec(tmp_path_factory) -> VerifierSpec:
 
 def specs_for(rows: list[dict], arithmetic: VerifierSpec) -> dict[str, VerifierSpec]:
     choice = VerifierChoice()
-    return {env: arithmetic if env == "arithmetic" else choice.spec(env) for env in dict.fromkeys(r["env"] for r in rows)}
+    return {env: arithmetic if env == "arithmetic" else choice.spec(env)
+            for env in dict.fromkeys(r["env"] for r in rows)}
 
 
 @pytest.mark.parametrize("pick", ["all", "arithmetic", "carried only", "none", "same components"])

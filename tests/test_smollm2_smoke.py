@@ -40,7 +40,8 @@ def test_one_step_of_grpo_on_smollm2_trains_and_syncs_into_vllm(smollm2_model, t
     assert all(r["tokens_consistent"] for r in online)  # SmolLM2's own template and tokenizer, audited
     assert {r["finish_reason"] for r in online} <= {"stop", "length"}
     final = list(iter_rollouts(tmp_path / "eval" / "step-000001"))
-    assert len(final) == 4 and {r["provenance"]["policy_version"] for r in final} == {1}  # vLLM served the trained weights
+    # vLLM served the trained weights.
+    assert len(final) == 4 and {r["provenance"]["policy_version"] for r in final} == {1}
     assert "eval/arithmetic/reward_ci95" in result.after
 
     import torch

@@ -24,7 +24,6 @@ from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
 from hubgym.stats import DifficultyBand, TaskStats, check_tasks, load_stats, read_stats, write_stats
 
-pytest_plugins = ["hub_server"]  # hub_spec: a local hub folder, then the loopback Hub-API server
 pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
 
 TASKS = build_tasks("arithmetic", "easy")["test"]

@@ -11,7 +11,6 @@ huge numbers, deep nesting.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import re
 import shutil
@@ -24,8 +23,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hubgym.envs.build import build_tasks
-from hubgym.envs import resolve_env
 from hubgym.errors import EnvContractError, HubgymError, ManifestError, ShardError, SkippedShardsWarning
 from hubgym.hub import LocalHub
 from hubgym.envs import load_env, push_env
@@ -34,45 +31,10 @@ from hubgym.hub.manifest import MANIFEST_FILE, config_files, read_manifest
 from hubgym.hub.rollouts import iter_rollouts, open_rollouts, push_rollouts
 from hubgym.hub.trust import load_hub_verifier
 from hubgym.hub.rollout_stats import scan_rollouts, summarize
-from hubgym.rollout.writer import ShardWriter
-from hubgym.schemas import assistant
 from hubgym.score.stored import open_source
 from hubgym.train.local_shards import LocalShards
 
-ROWS_PER_SHARD = 4
-RUN = "r1"
-
-
-def write_run(folder: Path, run_id: str = RUN, groups: int = 4, n: int = 2) -> Path:
-    """A run folder as `hubgym rollout` leaves it: 8 scored arithmetic rollouts in 2 shards, and the manifest."""
-    verifier = resolve_env("arithmetic").verifier()
-    tasks = build_tasks("arithmetic", "easy")["test"]
-    writer = ShardWriter(folder, "w000of001", max_rows=ROWS_PER_SHARD)
-    for g in range(groups):
-        task, rows = tasks[g], []
-        for s in range(n):
-            completion = [assistant(f"<answer>{task['info']['answer'] if s == 0 else 999}</answer>")]
-            score = verifier.score(task, completion)
-            rows.append({
-                "rollout_id": f"{run_id}-{g}-{s}", "run_id": run_id, "task_id": task["id"], "env": "arithmetic",
-                "group": f"{run_id}-{g}", "sample": s, "prompt": task["prompt"], "completion": completion,
-                "info": task["info"], "interaction": task["interaction"], "prompt_ids": [1, 2, 3],
-                "completion_ids": [4, 5], "completion_mask": [1, 1], "completion_logprobs": [-0.5, -0.5],
-                "tokens_consistent": True, "reward": score.reward,
-                "metrics": [{"name": k, "value": v} for k, v in score.components.items()],
-                "finish_reason": "stop", "truncated": False, "num_turns": 1, "error": None,
-                "provenance": {"model": "m", "policy_version": 0, "sampling": "{}", "env_repo": None,
-                               "env_revision": None, "verifier_module": verifier.name,
-                               "verifier_sha256": verifier.sha256, "engine": "vllm", "engine_version": "0",
-                               "chat_template_sha256": None},
-                "timings": {"generate_s": 0.0, "tools_s": 0.0, "score_s": 0.0, "total_s": 0.0},
-                "created_at": dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)})
-        writer.add_group(rows)
-    writer.flush()
-    writer.write_manifest({"run_id": run_id, "model": "m", "policy_version": 0, "sampling": {"temperature": 1.0},
-                           "envs": {"arithmetic": {"config": "easy", "tasks": groups}},
-                           "shard_files": writer.shard_files()})
-    return folder
+from helpers.scored_runs import ROWS_PER_SHARD, RUN, write_run
 
 
 @pytest.fixture(scope="module")

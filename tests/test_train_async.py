@@ -36,8 +36,8 @@ def engine(tiny_model):
 
 
 def config(model, out):
-    return load_config(TINY_CONFIG, [f"model={model}", f"output_dir={out}", f"online.steps={STEPS}", "online.async_steps=1",
-                              "online.sync_every=3",
+    return load_config(TINY_CONFIG, [f"model={model}", f"output_dir={out}", f"online.steps={STEPS}",
+                                     "online.async_steps=1", "online.sync_every=3",
                               "checkpoint_every=2", "eval.limit=0", "log.every=1000", "batch.groups_per_step=2",
                               "grpo.n=4", "grpo.zero_variance=keep"])
 

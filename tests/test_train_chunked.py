@@ -16,6 +16,8 @@ from hubgym.train.chunked import chunked_logprobs, fused_token_loss, output_head
 from hubgym.train.loss import LossSettings, gather_logprobs, loss_fn, loss_tokens, make_loss_fn, token_terms
 from hubgym.train.metrics import read_metrics
 
+from helpers.train_inputs import small_llama
+
 SETTINGS = [  # (variant, proximal, beta): every aggregation, each way of clipping, with and without the KL
     ("grpo", "none", 0.0), ("grpo", "batch", 0.1), ("dapo", "current", 0.05), ("dr_grpo", "none", 0.2),
     ("dapo", "batch", 0.0)]
@@ -97,17 +99,6 @@ def test_fused_loss_equals_the_whole_logits_loss_in_value_metrics_and_gradients(
     for key, value in expected_metrics.items():
         assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert expected_metrics["policy/clip_frac"] > 0 and expected_metrics["policy/is_ratio_max"] > cfg.is_cap
-
-
-def small_llama(vocab: int = 96):
-    """A SmolLM2-shaped (Llama, tied embeddings, head_dim 64, grouped KV heads) model at a tiny size."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model("llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                                  num_attention_heads=2, num_key_value_heads=1, head_dim=64, vocab_size=vocab,
-                                  tie_word_embeddings=True, rope_theta=1e5, rms_norm_eps=1e-5)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config)
 
 
 @pytest.fixture(params=["tiny", "llama"])

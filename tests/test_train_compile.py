@@ -24,7 +24,7 @@ def test_a_compiled_decoder_gives_the_eager_loss_and_gradients(tiny_model):
     from hubgym.train.engine import compile_decoder
     from hubgym.train.loss import LossSettings, make_loss_fn
     from hubgym.train.packing import pack_step
-    from test_train_packing import varied_groups
+    from helpers.train_inputs import varied_groups
 
     eager, compiled = (AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32) for _ in range(2))
     compile_decoder(compiled)

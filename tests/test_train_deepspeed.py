@@ -1,7 +1,7 @@
 """The policy on the real DeepSpeed (gloo on CPU): scaling, ZeRO stages, process counts, bad steps, resume, export,
 and the GRPO loss's KL to a frozen reference with its metrics merged over micro-batches and ranks.
 
-Each case runs tests/ds_steps.py in fresh processes (DeepSpeed's process group is per process)
+Each case runs tests/helpers/ds_steps.py in fresh processes (DeepSpeed's process group is per process)
 on the same hand-built micro-batches and a masked token NLL, and compares the final weights, the
 gradient norms and the weight hashes it logs. The reference run is ZeRO-2, one process, 3 steps,
 each step's global batch cut into 2 micro-batches.
@@ -26,7 +26,7 @@ from hubgym.train.config import ConfigError
 from hubgym.train.engine import DeepSpeedSettings
 
 slow = pytest.mark.slow
-SCRIPT = Path(__file__).with_name("ds_steps.py")
+SCRIPT = Path(__file__).parent / "helpers" / "ds_steps.py"
 BIN = Path(sys.executable).parent
 ZERO3 = ("--zero", "3", "--grad-ckpt")
 

@@ -11,12 +11,11 @@ import pytest
 import torch
 from rich.console import Console
 
-from hubgym.hub.rollouts import iter_rollouts
-from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 
-from test_hub_rollouts import make_run
+from helpers.interrupts import Interrupted
+from helpers.scored_runs import contrasting_run
 
 STEPS = 4
 pytestmark = pytest.mark.slow
@@ -40,23 +39,6 @@ def assert_kl_starts_at_zero_and_rises(steps: list[dict]) -> None:
     assert 0.0 < kl[1] < kl[-1], kl
 
 
-def contrasting_run(folder: Path) -> Path:
-    """Stored groups whose right sample (advantage +1) and wrong sample (-1) differ in their tokens, sampled at
-    about the untrained model's logprob (1 / 1024 tokens): each step pushes the policy the same way."""
-    rows = list(iter_rollouts([make_run(folder / "source", "r", groups=16, right=lambda g, s: s == 0)]))
-    for row in rows:
-        row["completion_ids"] = [40 + row["sample"] * 10 + i for i in range(4)]
-        row["completion_mask"], row["completion_logprobs"] = [1] * 4, [-7.0] * 4
-    writer = ShardWriter(folder / "run", "w000of001")
-    for start in range(0, len(rows), 2):
-        writer.add_group(rows[start:start + 2])
-    writer.flush()
-    writer.write_manifest({"run_id": "r", "model": "m", "policy_version": 0, "sampling": {},
-                           "envs": {"arithmetic": {"config": "easy", "tasks": 16}},
-                           "shard_files": writer.shard_files()})
-    return folder / "run"
-
-
 @pytest.mark.parametrize("zero", [2, 3])
 def test_a_kl_run_on_stored_rollouts_trains_from_a_frozen_reference(tiny_model, tmp_path, zero):
     rollouts = contrasting_run(tmp_path / "rollouts")
@@ -69,10 +51,6 @@ def test_a_kl_run_on_stored_rollouts_trains_from_a_frozen_reference(tiny_model, 
     assert not any(p.requires_grad for p in reference.parameters())  # frozen: no gradient
     assert not isinstance(getattr(reference, "optimizer", None), torch.optim.Optimizer)  # and no optimizer state
     assert all(hasattr(p, "ds_id") for p in reference.parameters()) == (zero == 3)  # partitioned under ZeRO-3
-
-
-class Interrupted(Exception):
-    """Stands in for a kill after the checkpoint of step 1."""
 
 
 def test_a_resumed_kl_run_keeps_the_initial_weights_as_its_reference(tiny_model, tmp_path, monkeypatch):

@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_online_grpo_raises_the_reward_well_beyond_noise(tiny_model, tmp_path):
-    cfg = load_config(TINY_CONFIG, [f"model={tiny_model}", f"output_dir={tmp_path}", "online.steps=100", "optim.lr=3e-3",
-                             "eval.limit=25", "eval.n=4", "log.every=1000"])
+    cfg = load_config(TINY_CONFIG, [f"model={tiny_model}", f"output_dir={tmp_path}", "online.steps=100",
+                                    "optim.lr=3e-3", "eval.limit=25", "eval.n=4", "log.every=1000"])
     trainer = Trainer(cfg)
     try:
         result = trainer.run()

@@ -18,8 +18,8 @@ from hubgym.train.lora import LoraSettings, wrap_lora
 from hubgym.train.sync import sync_weights
 from hubgym.train.trainer import Trainer
 
-from test_train_kl import contrasting_run
-from test_train_sync import TOL, vllm_logprobs
+from helpers.logprobs import TOL, vllm_logprobs
+from helpers.scored_runs import contrasting_run
 
 pytestmark = pytest.mark.slow
 STEPS = 4

@@ -15,6 +15,7 @@ from hubgym.train.groups import Group, mask_stale
 from hubgym.train.loss import LossSettings, token_aligned, token_logprobs
 from hubgym.train.loss import loss_fn as device_loss_fn, make_loss_fn as device_make_loss_fn
 from hubgym.train.metrics import merge_metrics, read_metrics
+from hubgym.train.packing import empty_batch, pack_step
 
 
 def loss_fn(*args, **kwargs):
@@ -30,7 +31,6 @@ def make_loss_fn(*args, **kwargs):
         loss, metrics = model_loss(model, batch)
         return loss, read_metrics([metrics])[0]
     return read
-from hubgym.train.packing import empty_batch, pack_step
 
 
 def batch(mask_rows, mu_rows, adv, *, num_sequences=None, num_tokens=None, weights=None, prox=None):

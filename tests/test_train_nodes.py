@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.train.nodes import NONCE_PREFIX, NodeError, check_run_folder_shared, host_name, node_failure
 from hubgym.engines.server import free_port
-from test_hub_rollouts import make_run
+from helpers.scored_runs import make_run
 
 BIN = Path(sys.executable).parent
 NODE_SCRIPT = Path(__file__).with_name("train_node.py")

@@ -15,7 +15,7 @@ from hubgym.train import checkpoint
 from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
 
-from test_hub_rollouts import make_run
+from helpers.scored_runs import make_run
 
 STEPS = 4
 

@@ -8,27 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hubgym.train.groups import Group
 from hubgym.train.loss import LossSettings, make_loss_fn, token_logprobs
 from hubgym.train.packing import pack_step, plan_rows
-from test_train_chunked import small_llama
 
-
-def varied_groups(vocab: int) -> list[Group]:
-    """4 groups of 3 sequences, 5 to 40 tokens: short ones fit beside long ones."""
-    gen = torch.Generator().manual_seed(3)
-    groups = []
-    for g, (prompt, longest) in enumerate([(3, 37), (5, 12), (2, 6), (4, 25)]):
-        rows = []
-        for s in range(3):
-            c = max(1, longest - 9 * s)
-            ids = torch.randint(0, vocab, (prompt + c,), generator=gen).tolist()
-            rows.append({"rollout_id": f"{g}-{s}", "prompt_ids": ids[:prompt], "completion_ids": ids[prompt:],
-                         "completion_mask": [int(i % 5 != 3) for i in range(c)],
-                         "completion_logprobs": (-torch.rand(c, generator=gen) * 3).tolist()})
-        groups.append(Group("e", f"g{g}", rows, [1.0, -0.5, -0.5] if g % 2 else [-1.0, 0.25, 0.75], 1.0,
-                            [False] * 3))
-    return groups
+from helpers.train_inputs import small_llama, varied_groups
 
 
 @pytest.fixture(params=["tiny", "llama"])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from test_hub_rollouts import make_run
+from helpers.scored_runs import make_run
 
 pytestmark = pytest.mark.slow
 STEPS = 150

@@ -16,7 +16,8 @@ from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.schedule import Schedule, lr_factor
 from hubgym.train.trainer import Trainer
 
-from test_train_kl import Interrupted, contrasting_run
+from helpers.interrupts import Interrupted
+from helpers.scored_runs import contrasting_run
 
 STEPS, LR = 6, 1e-2
 
@@ -81,7 +82,7 @@ def test_bf16_trains_on_this_cpu(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_gradient_checkpointing_takes_the_same_step_on_smollm2(smollm2_model):
-    from ds_steps import nll_loss
+    from helpers.ds_steps import nll_loss
 
     from hubgym.train.batch import MicroBatch
     from hubgym.train.engine import DeepSpeedSettings, Policy

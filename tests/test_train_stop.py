@@ -79,7 +79,8 @@ def test_a_stopped_step_stores_nothing_and_is_sampled_whole_on_resume(engine, ti
 def train_command(model: Path, out: Path) -> list[str]:
     sets = [f"model={model}", f"output_dir={out}", "online.steps=3", "checkpoint_every=1", "eval.limit=0",
             f"batch.groups_per_step={GROUPS}", f"grpo.n={N}", "sampling.max_tokens=600", "grpo.zero_variance=keep"]
-    return [str(Path(sys.executable).with_name("hubgym")), "train", "tiny", *[arg for s in sets for arg in ("--set", s)]]
+    return [str(Path(sys.executable).with_name("hubgym")), "train", "tiny",
+            *[arg for s in sets for arg in ("--set", s)]]
 
 
 def test_ctrl_c_stops_hubgym_train_mid_rollout_and_the_same_command_resumes(tiny_model, tmp_path):

@@ -1,7 +1,7 @@
-"""`hubgym view` in a real browser (Debian's chromium driven by Playwright) over small real runs (tests/view_runs.py):
-per-env tables and histograms, filters and paging, trajectories with their token record and logprobs on hover,
-re-scored rewards, two runs side by side, a hub run over the loopback Hub API, and hostile stored HTML shown as
-text. Screenshots are kept under out/test-view/."""
+"""`hubgym view` in a real browser (Debian's chromium driven by Playwright) over small real runs
+(tests/helpers/view_runs.py): per-env tables and histograms, filters and paging, trajectories with their token
+record and logprobs on hover, re-scored rewards, two runs side by side, a hub run over the loopback Hub API, and
+hostile stored HTML shown as text. Screenshots are kept under out/test-view/."""
 
 from __future__ import annotations
 
@@ -17,9 +17,8 @@ from hubgym.verifiers.contract import stored_step_rewards
 from hubgym.viewer import RunStore, make_app, tokenizer_decoder
 from hubgym.viewer.store import KEEP_SHARDS
 
-from view_runs import HOSTILE, make_view_runs
+from helpers.view_runs import HOSTILE, make_view_runs
 
-pytest_plugins = ["hub_server"]
 SHOTS = Path(__file__).resolve().parent.parent / "out" / "test-view"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

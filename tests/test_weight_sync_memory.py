@@ -9,7 +9,7 @@ import pytest
 from hubgym.train import sync
 from hubgym.train.sync import WEIGHTS_FILE, has_receiver, restart_engine, sync_weights
 
-from test_train_sync import TOL, hf_logprobs, perturbed, vllm_logprobs
+from helpers.logprobs import TOL, hf_logprobs, perturbed, vllm_logprobs
 
 pytestmark = pytest.mark.slow
 

@@ -175,7 +175,8 @@ def _push_env(hub: Path, env_config: str, console: Console) -> str:
     from hubgym.hub.factory import get_hub
 
     result = push_env(TRAIN_ENV, f"demo/{TRAIN_ENV}", hub=hub, configs=[env_config])
-    snapshot = get_hub(hub).resolve(result.repo, result.revision).path  # the revision as a folder, laid out as on the Hub
+    # The revision as a folder, laid out as on the Hub.
+    snapshot = get_hub(hub).resolve(result.repo, result.revision).path
     rows = datasets.load_dataset(str(snapshot), env_config, split="test")
     console.print(Text(f"pushed {TRAIN_ENV} to {result.location} at {result.revision[:12]}; "
                        f"load_dataset(..., {env_config!r}, split='test') -> {len(rows)} rows"))

@@ -1,7 +1,8 @@
 """The reasoning-gym family: every procedural generator of `reasoning-gym` as a hubgym env `rg_<name>`.
 
     from hubgym.bridges.reasoning_gym import FAMILY, EXCLUDED
-    [e.name for e in FAMILY.entries()][:3]      # ['rg_ab', 'rg_acre', 'rg_advanced_geometry'] (no import of reasoning_gym)
+    [e.name for e in FAMILY.entries()][:3]      # ['rg_ab', 'rg_acre', 'rg_advanced_geometry']
+                                                # (no import of reasoning_gym)
     builder = FAMILY.builder("rg_basic_arithmetic")
     hubgym.build_tasks(builder, "easy")["test"]   # 100 rows, none of whose questions is in train
     EXCLUDED["codeio"]                            # why a generator is not an env
@@ -225,7 +226,8 @@ def _builder(name: str) -> type[ReasoningGymTask]:
     if name not in specs["envs"]:
         generator = name.removeprefix(ReasoningGymFamily.prefix)
         if generator in specs["excluded"]:
-            raise EnvNotFoundError(f"{name!r} is not bridged: reasoning-gym's {generator!r} {specs['excluded'][generator]}")
+            raise EnvNotFoundError(f"{name!r} is not bridged: reasoning-gym's {generator!r} "
+                                   f"{specs['excluded'][generator]}")
         raise unknown_env(name, ReasoningGymFamily.name, sorted(specs["envs"]))
     return make_builder(name, specs["envs"][name], specs["version"])
 

@@ -8,8 +8,9 @@ A generator is bridged when its default config, rebuilt from JSON, yields items 
 seed, are JSON, and whose answer its own scorer gives 1.0 (sampled: PROBE_ITEMS items). Otherwise it is
 EXCLUDED with the reason. Items are drawn under two fake clocks in two time zones (CHECK_CLOCKS): a generator
 whose items follow the clock (and only the clock) is pinned to PINNED_CLOCK, recorded as its spec's `clock`,
-so its rows are the same on every day; one whose items change otherwise is excluded as nondeterministic. `easy` and `hard` (curriculum levels 0 and top, upper-bound ranges) are added where
-the generator has a curriculum and pass the same probe; otherwise they are dropped with the reason.
+so its rows are the same on every day; one whose items change otherwise is excluded as nondeterministic.
+`easy` and `hard` (curriculum levels 0 and top, upper-bound ranges) are added where the generator has a
+curriculum and pass the same probe; otherwise they are dropped with the reason.
 
 Config fields are stored as the difference from the generator's defaults: smaller rows, and fields whose
 defaults are not JSON (enums, nested dataclasses, datetime.time) stay out of the row unless a level sets them.

@@ -57,7 +57,8 @@ class TextArenaConfig(TaskConfig):
 
 def index_entries() -> list[FamilyEnv]:
     """The family's catalog rows as the installed TextArena yields them now (imports TextArena)."""
-    return [FamilyEnv(name, "multi_turn", tuple(variants(game.textarena_id, game.skip)), game.tags, "textarena", game.description)
+    return [FamilyEnv(name, "multi_turn", tuple(variants(game.textarena_id, game.skip)), game.tags, "textarena",
+                      game.description)
             for name, game in sorted(GAMES.items())]
 
 

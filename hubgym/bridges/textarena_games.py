@@ -37,7 +37,8 @@ GAMES: dict[str, Game] = {
                                 ("games", "puzzle", "search"),
                                 "find a secret number from higher/lower hints (TextArena GuessTheNumber)"),
     "ta_lights_out": Game("lights_out", "LightsOut-v0", "Lights Out", ("games", "puzzle", "grid"),
-                          "switch off every light of a 5x5 grid where a press toggles its neighbours (TextArena LightsOut)",
+                          "switch off every light of a 5x5 grid where a press toggles its neighbours "
+                          "(TextArena LightsOut)",
                           extra_move=0, may_not_open=True),
     "ta_mastermind": Game("mastermind", "Mastermind-v0", "Mastermind", ("games", "puzzle", "deduction"),
                           "crack a secret digit code from black/white peg feedback (TextArena Mastermind)"),

@@ -76,7 +76,8 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
 
     def generate_tasks(self, split: str, **kwargs: Any) -> Iterator[Task]:
         """Yield task rows (built with `hubgym.make_task`) for one split. Must be deterministic."""
-        raise EnvContractError(f"{type(self).__name__} does not define generate_tasks", Where(self.ENV, self.config.name, split),
+        raise EnvContractError(f"{type(self).__name__} does not define generate_tasks",
+                               Where(self.ENV, self.config.name, split),
                                "define generate_tasks(self, split, **gen_kwargs) yielding rows from hubgym.make_task")
 
     def _generate_examples(self, split: str, **kwargs: Any) -> Iterator[tuple[str, Task]]:
@@ -85,8 +86,10 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
             where = Where(self.ENV, self.config.name, split, row.get("id"))
             _check_row(row, where)
             if row["id"] in seen:
-                raise EnvContractError(f"task id {row['id']!r} was generated twice", Where(**{**where.__dict__, "field": "id"}),
-                                       "generate_tasks must not repeat a task: draw until the split has `size` distinct tasks")
+                raise EnvContractError(f"task id {row['id']!r} was generated twice",
+                                       Where(**{**where.__dict__, "field": "id"}),
+                                       "generate_tasks must not repeat a task: draw until the split has `size` "
+                                       "distinct tasks")
             seen.add(row["id"])
             yield row["id"], {**row, "split": row.get("split") or split, "tags": row["tags"] or list(self.TAGS)}
 
@@ -208,5 +211,6 @@ def _check_row(row: Any, where: Where) -> None:
         raise EnvContractError(f"task row lacks {missing}", Where(**{**where.__dict__, "field": missing[0]}),
                                "build rows with hubgym.make_task(...), which fills every column")
     if not isinstance(row["info"], dict):
-        raise EnvContractError(f"info is {type(row['info']).__name__}, not a dict", Where(**{**where.__dict__, "field": "info"}),
+        raise EnvContractError(f"info is {type(row['info']).__name__}, not a dict",
+                               Where(**{**where.__dict__, "field": "info"}),
                                "put everything the verifier needs in a JSON object")

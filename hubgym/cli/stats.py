@@ -26,7 +26,8 @@ def stats(sources: Annotated[Optional[list[str]], typer.Argument(
           merge: Annotated[Optional[list[str]], typer.Option(
               help="stored stats to merge in: a folder (--out) or a hub repo (--push) (repeatable)")] = None,
           out: Annotated[Optional[Path], typer.Option(help="write the stats folder here (atomically)")] = None,
-          push: Annotated[Optional[str], typer.Option(help="add the stats to this hub repo org/name (merged with the stats it holds; one commit)")] = None,
+          push: Annotated[Optional[str], typer.Option(
+              help="add the stats to this hub repo org/name (merged with the stats it holds; one commit)")] = None,
           hub: Annotated[Optional[str], typer.Option(help=HUB_HELP)] = None,
           threshold: Annotated[Optional[list[str]], typer.Option(
               help="ENV=X: a row of ENV passes when its reward >= X (repeatable) \\[default: the row's recorded "

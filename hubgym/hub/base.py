@@ -133,5 +133,6 @@ def not_found(hub: HubBackend, repo: str, revision: str | None = None) -> EnvNot
     if revision is None:
         return EnvNotFoundError(f"no repo {repo!r} on the {hub.name} hub ({where}); push one with "
                                 f"`hubgym push ENV {repo}`, or check the name and the hub (${HUB_ENV_VAR})")
-    return EnvNotFoundError(f"repo {repo!r} on the {hub.name} hub has no revision {shown(revision)}; list its revisions "
-                            f"with hub.revisions({repo!r}), or load the latest with {repo!r} (no @revision)")
+    return EnvNotFoundError(f"repo {repo!r} on the {hub.name} hub has no revision {shown(revision)}; "
+                            f"list its revisions with hub.revisions({repo!r}), or load the latest with {repo!r} "
+                            "(no @revision)")

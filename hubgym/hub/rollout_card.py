@@ -1,6 +1,7 @@
 """The README.md of a rollout repo: YAML `configs:` (one per run) for `load_dataset`, and a page per run for people.
 
-    run_summary(shards, manifests)   # -> the run's summary.json: provenance + per-worker stats (rollout_stats.summarize)
+    run_summary(shards, manifests)   # -> the run's summary.json: provenance + per-worker stats
+                                     #    (rollout_stats.summarize)
     render_card(repo, runs)          # runs: {name: (index.json, summary.json)} of every run in the repo
 
 Stats are kept per worker (the prefix of the shard names, e.g. w000of004) so that workers pushing

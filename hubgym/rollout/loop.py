@@ -160,7 +160,8 @@ def _record_model_tokens(traj: Trajectory, sample: Sample, ctx: LoopContext) -> 
             record.add_env(sample.prompt_ids[len(record.sequence()):])
         else:
             # Keep the model's tokens (they are real samples) but flag that the context between turns differs.
-            record.mark_inconsistent(f"turn {traj.num_turns + 1}: the server's prompt does not extend the stored tokens")
+            record.mark_inconsistent(f"turn {traj.num_turns + 1}: "
+                                     "the server's prompt does not extend the stored tokens")
     if len(sample.token_ids) != len(sample.logprobs):
         record.mark_inconsistent(f"turn {traj.num_turns + 1}: engine returned no logprobs for some tokens")
         record.add_model(sample.token_ids, [0.0] * len(sample.token_ids))

@@ -45,7 +45,8 @@ def parse_tool_calls(text: str, id_prefix: str) -> ParsedReply:
             name, arguments = obj["name"], obj.get("arguments", {})
             if not isinstance(name, str):
                 raise TypeError("name must be a string")
-            reply.calls.append(tool_call(call_id, name, arguments if isinstance(arguments, str) else json.dumps(arguments)))
+            text_arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+            reply.calls.append(tool_call(call_id, name, text_arguments))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
             reply.calls.append(tool_call(call_id, "invalid_tool_call", body.strip()))
             reply.parse_errors.append(f"{type(exc).__name__}: {exc}")
@@ -71,8 +72,8 @@ def check_parser_names(tool_parser: str, reasoning_parser: str | None, *, tool_s
         raise ChatFormatError(f"{tool_setting} {tool_parser!r} is not one of vLLM's tool parsers; use one of: "
                          f"{', '.join(known)}", setting=tool_setting)
     if reasoning_parser is not None and reasoning_parser not in (known := reasoning_parser_names()):
-        raise ChatFormatError(f"{reasoning_setting} {reasoning_parser!r} is not one of vLLM's reasoning parsers; use one "
-                         f"of: {', '.join(known)} (or none)", setting=reasoning_setting)
+        raise ChatFormatError(f"{reasoning_setting} {reasoning_parser!r} is not one of vLLM's reasoning parsers; "
+                              f"use one of: {', '.join(known)} (or none)", setting=reasoning_setting)
 
 
 class ReplyParser:

@@ -290,8 +290,8 @@ def load_run_envs(config: RolloutConfig) -> list[OpenedEnv]:
         raise EnvContractError(f"a mixture run draws `tasks` tasks from its spec and names no envs (envs="
                                f"{config.envs}, tasks={config.tasks})", Where(field="mix"),
                                "give --mix SPEC with --tasks N, or ENV[:CONFIG]... without --mix")
-    mixture = Mixture.from_spec(load_mix_spec(config.mix), split=config.split, seed=config.sampling.seed, hub=config.hub,
-                                trust=config.trust, pins=config.pins)
+    mixture = Mixture.from_spec(load_mix_spec(config.mix), split=config.split, seed=config.sampling.seed,
+                                hub=config.hub, trust=config.trust, pins=config.pins)
     by_key: dict[str, OpenedEnv] = {}
     for drawn in mixture.take(config.tasks):
         env = by_key.setdefault(drawn.env.key, mixture.opened(drawn.env))
@@ -335,7 +335,8 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
             for env, task in pending:
                 ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
                 trajs = await run_group(task, config.n, ctx)
-                rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
+                rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision)
+                        for t in trajs]
                 writer.add_group(rows, flush=False)
                 await store_due()
                 tokens = sum(sum(r["completion_mask"]) for r in rows)

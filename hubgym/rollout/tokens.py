@@ -95,7 +95,8 @@ class ChatRenderer:
 
     def chat_options(self) -> dict[str, Any]:
         """The options that change how this renderer renders and reads, as a run records them (defaults left out)."""
-        return recorded_options({"tool_parser": self.parser.tool_parser, "reasoning_parser": self.parser.reasoning_parser,
+        return recorded_options({"tool_parser": self.parser.tool_parser,
+                                 "reasoning_parser": self.parser.reasoning_parser,
                                  "chat_template_kwargs": self.chat_template_kwargs})
 
     def for_row(self, row: dict[str, Any]) -> ChatRenderer:

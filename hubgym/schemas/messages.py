@@ -95,7 +95,8 @@ def normalize(msg: dict) -> Message:
     out = message(
         msg["role"],
         msg.get("content"),
-        tool_calls=[tool_call(c["id"], c["name"], c["arguments"]) for c in msg["tool_calls"]] if msg.get("tool_calls") else None,
+        tool_calls=([tool_call(c["id"], c["name"], c["arguments"]) for c in msg["tool_calls"]]
+                    if msg.get("tool_calls") else None),
         tool_call_id=msg.get("tool_call_id"),
         name=msg.get("name"),
     )

@@ -30,7 +30,8 @@ def _all_roles_valid(col: str) -> pl.Expr:
     return pl.col(col).list.eval(pl.element().struct.field("role").is_in(ROLES)).list.all()
 
 
-_MESSAGES_FIX = f"every message needs role in {ROLES}; build messages with hubgym.schemas.messages (user(), assistant(), ...)"
+_MESSAGES_FIX = (f"every message needs role in {ROLES}; "
+                 "build messages with hubgym.schemas.messages (user(), assistant(), ...)")
 
 TASK_VALUES = pa.DataFrameSchema(
     {
@@ -96,7 +97,8 @@ def check_arrow_schema(actual: pyarrow.Schema, expected: pyarrow.Schema, where: 
     """Raise SchemaError naming the first column that is missing, extra or of the wrong type."""
     for field in expected:
         if field.name not in actual.names:
-            raise SchemaError(f"{what} column {field.name!r} is missing", Where(**{**where.__dict__, "field": field.name}),
+            raise SchemaError(f"{what} column {field.name!r} is missing",
+                              Where(**{**where.__dict__, "field": field.name}),
                               f"emit every column of the {what} schema (hubgym.schemas)")
         got = actual.field(field.name).type
         if not got.equals(field.type):

@@ -127,7 +127,8 @@ class VerifierChoice:
         if None in self.modules and not any(s.origin == "module" and s.env not in self.modules
                                             for s in self.specs.values()):
             given.append(f"--verifier {self.modules[None]}")
-        given += [f"--env-revision {ref} (env {env!r})" for env, (_, _, ref) in self.hub_envs.items() if env not in envs]
+        given += [f"--env-revision {ref} (env {env!r})"
+                  for env, (_, _, ref) in self.hub_envs.items() if env not in envs]
         return given
 
     def _resolve(self, env: str) -> VerifierSpec:

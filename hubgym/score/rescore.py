@@ -75,8 +75,9 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
 
     verifier: `MODULE` (the rows' one env), `ENV=MODULE` (repeatable) or {env: module}; other envs
     keep their current verifier. env_revision: `org/name@rev` (or several), whose verifier scores rows of its
-    env (runs only if pinned by `pin`, `REPO=sha256:...` per repo, or `trust`); one source per env. workers: processes (1 = in-process; default: every core
-    when the work is worth starting a pool, see Scorer). skip_bad: leave out shards that fail their checks
+    env (runs only if pinned by `pin`, `REPO=sha256:...` per repo, or `trust`); one source per env.
+    workers: processes (1 = in-process; default: every core when the work is worth starting a pool, see
+    Scorer). skip_bad: leave out shards that fail their checks
     (one SkippedShardsWarning names them) instead of raising ShardError at the first. scorer: what scores the
     batches instead of this machine's Scorer (same submit/depth; e.g. hubgym.cluster.ray_score's RayScorer).
     """

@@ -43,9 +43,9 @@ RESCORE_SCHEMA = pa.schema([
     pa.field("rescore_verifier_module", pa.string()),
     pa.field("rescore_verifier_sha256", pa.string()),
 ])
-RESCORED_BOUNDARY = "verifier"
+RESCORED_BOUNDARY = "verifier"  # stored errors of this boundary are scored again; others are carried
 CHUNK_ROWS = 512  # rows decoded and scored together
-PREFIX = "reward/"  # a component's metric name: reward/<component>  # stored errors of this boundary are scored again; others are carried
+PREFIX = "reward/"  # a component's metric name: reward/<component>
 
 
 def slim(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -112,7 +112,8 @@ def rescore_shards(shards: Sequence[ShardSource | LoadedShard | str | Path], spe
 def _open(shard: ShardSource | LoadedShard | str | Path) -> tuple[str, list[pa.RecordBatch] | str]:
     """(name, batches) of a shard that passes its checks, or (name, the ShardError message)."""
     loaded = shard if isinstance(shard, LoadedShard) else None
-    source = loaded.source if loaded else shard if isinstance(shard, ShardSource) else ShardSource(str(shard), str(shard))
+    source = (loaded.source if loaded else shard if isinstance(shard, ShardSource)
+              else ShardSource(str(shard), str(shard)))
     try:
         batches = list((loaded or load_shard(source)).batches())
         for number, batch in enumerate(batches):

@@ -148,4 +148,5 @@ def _run_with_timeout(tool_: Tool, call: ToolCall, kwargs: dict[str, Any]) -> To
 
 def _failed(call: ToolCall, kind: str, detail: str) -> ToolOutcome:
     error: RowError = {"boundary": "tool", "type": kind, "message": detail[:1000]}
-    return ToolOutcome(tool_result(f"{TOOL_ERROR_PREFIX}{kind}: {detail}"[:MAX_OUTPUT_CHARS], call["id"], call["name"]), error)
+    text = f"{TOOL_ERROR_PREFIX}{kind}: {detail}"[:MAX_OUTPUT_CHARS]
+    return ToolOutcome(tool_result(text, call["id"], call["name"]), error)

@@ -58,8 +58,8 @@ class Online(Section):
     difficulty_stats: list[str] = Field(default_factory=list, description="task stats to start the difficulty "
                                         "band from: stats or rollout run folders, or hub repos (hubgym stats)")
     pass_band: tuple[float, float] = Field((0.0, 1.0), description="(low, high): draw only tasks whose pass rate is "
-                                           "between low and high (tasks with too few samples are drawn); (0, 1) with no difficulty_stats "
-                                           "= no band")
+                                           "between low and high (tasks with too few samples are drawn); "
+                                           "(0, 1) with no difficulty_stats = no band")
     difficulty_min_samples: int = Field(8, ge=1, description="samples a task needs before the band judges its pass "
                                         "rate")
 
@@ -120,7 +120,8 @@ class Grpo(Section):
     n: int = Field(8, ge=2, description="samples per task (group size)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: (r-mean)/std; dr_grpo: r-mean "
                                                   "(loss.variant dr_grpo implies dr_grpo)")
-    zero_variance: Literal["drop", "downweight", "keep"] = Field("drop", description="groups whose rewards are all equal")
+    zero_variance: Literal["drop", "downweight", "keep"] = Field("drop",
+                                                                 description="groups whose rewards are all equal")
     zero_variance_weight: float = Field(0.1, ge=0, description="with 'downweight', how much a zero-variance "
                                         "sequence counts in the loss's divisors (keep = 1, drop = 0)")
     short_groups: Literal["drop", "keep", "error"] = Field("drop", description="groups with fewer than n rows")
@@ -158,7 +159,8 @@ class Loss(Section):
 
 
 class Batch(Section):
-    groups_per_step: int = Field(8, ge=1, description="GRPO groups per optimizer step (global batch); online: tasks sampled per step")
+    groups_per_step: int = Field(8, ge=1, description="GRPO groups per optimizer step (global batch); "
+                                 "online: tasks sampled per step")
     micro_batch_tokens: int = Field(8192, ge=64, description="token budget of one micro-batch (padding included)")
     buffer_groups: int = Field(256, ge=1, description="incomplete groups held while streaming (memory bound)")
 

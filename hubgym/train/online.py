@@ -2,9 +2,9 @@
 
 Each call to `produce(engine, renderer, step, version, groups)` draws tasks from the env mixture (seeded, without
 repeats within a step), samples one GRPO group per task with the vLLM engine that serves the
-current weights, scores the rows, and writes them as shards of one run folder OUT (step k writes as worker `step<k>`) before
-handing them to the trainer. So the online data is on disk (and can go to the Hub) exactly like
-any other rollout run, with `policy_version` in every row.
+current weights, scores the rows, and writes them as shards of one run folder OUT (step k writes as
+worker `step<k>`) before handing them to the trainer. So the online data is on disk (and can go to
+the Hub) exactly like any other rollout run, with `policy_version` in every row.
 
 Resume: if OUT already holds a complete step (its manifest says so) of this very run (model, envs,
 sampling and n give the stored run id), the stored rows are returned instead of sampling again, so a

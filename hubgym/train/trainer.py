@@ -8,9 +8,9 @@ remaining `online.steps` sample fresh groups of the current policy with vLLM (we
 into the engine every `online.sync_every` steps, `policy_version` = the step of the synced
 weights) and, per `online.offline_fraction`, mix in stored groups. Both go through the same
 GroupStream -> pack_step -> Policy.train_step path; with `loss.beta > 0` a frozen copy of the initial
-weights (hubgym.train.reference) gives each packed micro-batch its reference logprobs for the KL. All engine work runs on one background thread
-(hubgym.train.ahead): with `online.async_steps = k` the rollouts of step t are sampled while steps
-t-k..t-1 train.
+weights (hubgym.train.reference) gives each packed micro-batch its reference logprobs for the KL. All
+engine work runs on one background thread (hubgym.train.ahead): with `online.async_steps = k` the
+rollouts of step t are sampled while steps t-k..t-1 train.
 
 Evaluation runs on each env's held-out split before training, every `eval.every` steps, and
 after. A checkpoint (weights, optimizer, stream position, RNG) is written every
@@ -243,7 +243,8 @@ class Trainer:
             # A Ctrl-C also reaches vLLM's processes (one process group): the engine dies as the run stops.
             if self.worker.stopping.wait(timeout=self.STOPPING_GRACE_S):
                 raise RolloutsStopped(f"online step {step}: the run is stopping; the engine was not restarted") from exc
-            self.console.print(f"[yellow]vLLM engine failed ({escape(str(exc))}); restarting it with the current weights")
+            self.console.print(f"[yellow]vLLM engine failed ({escape(str(exc))}); "
+                               "restarting it with the current weights")
             if not self._revive():  # alive but failing: start a fresh one all the same
                 from hubgym.train.sync import restart_engine
 

@@ -287,7 +287,8 @@ def _check_mdp(module: ModuleType, env: str | None, reset, step) -> None:
                                 "a multi_turn verifier defines both reset(task) and step(task, state, action)")
     for fn, arity in ((reset, 1), (step, 3)):
         if fn is not None and len(inspect.signature(fn).parameters) != arity:
-            raise VerifierLoadError(f"{fn.__name__} takes {len(inspect.signature(fn).parameters)} arguments, expected {arity}",
+            raise VerifierLoadError(f"{fn.__name__} takes {len(inspect.signature(fn).parameters)} arguments, "
+                                    f"expected {arity}",
                                     Where(env=env, field=fn.__name__),
                                     "use reset(task) and step(task, state, action)")
 

@@ -3,7 +3,8 @@
 Task:
     Repeat the given word inside <answer></answer>; the `spell` tool (tools.py) may help.
 Row schema:
-    info = {"word": str}; interaction tool_use, tools [spell], max_turns 3, tool_rewards: 0.1 a successful spell call, at most 3 (the fault: the range holds one).
+    info = {"word": str}; interaction tool_use, tools [spell], max_turns 3, tool_rewards: 0.1 a successful
+    spell call, at most 3 (the fault: the range holds one).
 Reward:
     correct (weight 1): the answer equals the word; plus the rows' tool shaping. Total in [0, 1.1].
 Arguments:

@@ -1,9 +1,9 @@
 """A few optimizer steps of the tiny model on the real DeepSpeed, driven by test_train_deepspeed.py.
 
-    python tests/ds_steps.py MODEL OUT --steps 3 [--zero 3] [--split 2] [--nan-at 1] [--export DIR]
-    torchrun --nproc_per_node 2 tests/ds_steps.py MODEL OUT --steps 3
-    deepspeed --num_gpus 2 tests/ds_steps.py MODEL OUT --steps 3
-    python tests/ds_steps.py MODEL OUT --steps 3 --save-every 1 --stop-after 2; ... --resume
+    python tests/helpers/ds_steps.py MODEL OUT --steps 3 [--zero 3] [--split 2] [--nan-at 1] [--export DIR]
+    torchrun --nproc_per_node 2 tests/helpers/ds_steps.py MODEL OUT --steps 3
+    deepspeed --num_gpus 2 tests/helpers/ds_steps.py MODEL OUT --steps 3
+    python tests/helpers/ds_steps.py MODEL OUT --steps 3 --save-every 1 --stop-after 2; ... --resume
 
 The data is synthetic and hand-built (no GRPO loss): a fixed pool of 8 rows; each step's global
 batch is 4 of them, picked by the torch RNG, weighted by the numpy RNG, with loss tokens masked

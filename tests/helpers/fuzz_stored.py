@@ -1,7 +1,7 @@
 """Fuzz hubgym's readers of stored data with crafted files whose recorded sha256 still matches.
 
-    python tests/fuzz_stored.py --mutants 10000 --seed 1 --corpus /tmp/fuzz-corpus   # the run in bench/RESULTS.md
-    python tests/fuzz_stored.py --seed 1 --only 4711 --save /tmp/mutant               # one mutant, kept to look at
+    python tests/helpers/fuzz_stored.py --mutants 10000 --seed 1 --corpus /tmp/fuzz-corpus   # the run in RESULTS.md
+    python tests/helpers/fuzz_stored.py --seed 1 --only 4711 --save /tmp/mutant              # one mutant, to look at
 
 The corpus is real: two rollout runs of the tiny model (wordle, multi_turn; calc_tools, tool_use) sampled
 through the instant server, so their token ids pass the token audit; both pushed to a local hub as one rollout
@@ -44,8 +44,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from fuzz_mutations import json_problem, mutate_bytes, mutate_json, mutate_shard, shard_problem  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers` is a package when run as a script
+from helpers.fuzz_mutations import json_problem, mutate_bytes, mutate_json, mutate_shard, shard_problem  # noqa: E402
 
 OUTCOMES = ("clean error", "valid success", "silent success", "traceback", "signal", "hang", "fuzzer error")
 BAD = ("silent success", "traceback", "signal", "hang", "fuzzer error")

@@ -19,7 +19,8 @@ answering (`when="after"` applies the commit first, so only the answer is lost);
 PUT half-way through its body. With `server.token` set, every API request needs
 `Authorization: Bearer <token>` (401 otherwise), as a private Hub would.
 
-    pytest_plugins = ["hub_server"]   # in a test module: gives the `hub_server` and `hub_client` fixtures
+The fixtures `hub_server`, `hub_client` and `hub_spec` are there for every test: tests/conftest.py loads this
+module as a plugin (`pytest_plugins = ["helpers.hub_server"]`).
 """
 
 from __future__ import annotations
