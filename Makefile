@@ -8,13 +8,21 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test setup sandbox browser ops
+.PHONY: demo test test-fast lint setup sandbox browser ops
 
 demo: setup
 	$(BIN)/hubgym demo
 
-test: setup
-	$(BIN)/pytest -n 2 -q
+# Everything CI runs: the lint, then the whole suite (the slowest tests listed at the end).
+test: setup lint
+	$(BIN)/pytest -n 2 -q --durations=25
+
+# The fast tier, while you work: every test not marked slow (no vLLM, DeepSpeed, Ray or CLI subprocess).
+test-fast: setup lint
+	$(BIN)/pytest -n 2 -q -m "not slow"
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check .
 
 setup: $(VENV)/.installed sandbox browser ops
 

@@ -207,10 +207,11 @@ def test_shards_written_before_new_fields_still_read(renderer, smollm2_tokenizer
     (back,) = iter_rollouts([path])
     assert back["completion"][0]["content"] == "<answer>7</answer>" and back["completion"][0]["reasoning"] is None
     assert back["provenance"]["env_code_sha256"] is None and back["provenance"]["model"] == row["provenance"]["model"]
-    from hubgym.hub.rollout_stats import scan_rollouts
+    from hubgym.hub.rollout_stats import REPORT_COLUMNS, scan_rollouts
 
     both = scan_rollouts([path, new]).collect()  # `hubgym report` over old and new shards at once
-    assert both.height == 2 and both["completion"].to_list()[0][0]["reasoning"] is None
+    assert both.height == 2 and both.columns == list(REPORT_COLUMNS)
+    assert both["reward"].to_list() == [back["reward"]] * 2  # the same row, stored the old way and the new
 
 
 def test_vllm_tool_parser_by_name_feeds_the_loop_with_deterministic_ids(smollm2_tokenizer):
