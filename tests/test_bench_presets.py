@@ -25,6 +25,7 @@ def bench_mfu():
     return bench_mfu
 
 
+@pytest.mark.slow
 def test_smollm2_preset_is_the_real_architecture(bench_mfu, smollm2_model):
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -45,11 +45,13 @@ def test_builder_is_cached_and_unknown_or_excluded_names_say_why():
         rg.FAMILY.builder("rg_" + excluded)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", REPRESENTATIVE)
 def test_representative_envs_pass_conformance(env):
     assert failed(check_env(rg.FAMILY.builder(env), configs=["easy"], max_rows=20)) == []
 
 
+@pytest.mark.slow
 def test_rows_carry_the_entry_and_test_holds_no_train_question():
     tasks = build_tasks(rg.FAMILY.builder("rg_basic_arithmetic"), "easy")
     train, test = tasks["train"].to_list(), tasks["test"].to_list()
@@ -103,6 +105,7 @@ def test_bad_generator_output_is_one_error_naming_env_config_split_row_and_field
 EXCLUSION_SAMPLE = ["boxnet", "codeio", "composite", "graph_color", "list_functions"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("generator", EXCLUSION_SAMPLE)
 def test_excluded_generators_fail_as_stated(generator):
     with pytest.raises(probe.ProbeFailure) as info:
@@ -142,6 +145,7 @@ def test_every_bridged_env_passes_conformance():
     assert failures == {}, json.dumps(failures, indent=1)
 
 
+@pytest.mark.slow
 def test_a_generator_that_reads_the_date_is_pinned_to_one_clock_and_passes_the_clock_checks():
     """reasoning-gym's time_intervals calls date.today(): the probe finds it (and only such generators) and pins its
     clock, so its rows are the same on any day; the checker builds it under two clocks and time zones to prove it."""
@@ -166,6 +170,7 @@ def test_every_catalog_description_names_its_own_generator():
         "reasoning-gym's products generator"
 
 
+@pytest.mark.slow
 def test_a_generator_that_follows_the_hash_seed_is_excluded_as_stated():
     assert probe.hash_seed_sensitive(["isomorphic_strings", "basic_arithmetic"]) == ["isomorphic_strings"]
     assert rg.EXCLUDED["isomorphic_strings"] == probe.HASH_SEED_REASON

@@ -87,6 +87,7 @@ def test_the_shipped_index_is_what_the_installed_textarena_yields():
     assert "hard" not in configs["ta_sudoku"]  # left out: see the family's docstring
 
 
+@pytest.mark.slow
 def test_listing_the_family_does_not_import_textarena():
     code = ("import sys; from hubgym.bridges.textarena import FAMILY; assert FAMILY.entries(); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('textarena', 'nltk')))")

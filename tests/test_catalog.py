@@ -157,6 +157,7 @@ def test_a_broken_family_is_one_row_and_nothing_else_notices(broken_family, fake
     assert "1 of 1 checks failed" in checked.output
 
 
+@pytest.mark.slow
 def test_the_table_is_one_line_per_env_with_long_config_lists_counted(fake_family):
     result = hubgym("envs", "--source", "fake")
     assert result.exit_code == 0, result.output

@@ -49,6 +49,7 @@ def test_build_writes_parquet_that_datasets_loads(tmp_path):
     assert table == {"train": "150", "test": "30"}
 
 
+@pytest.mark.slow
 def test_build_all_configs_as_arrow(tmp_path):
     result = hubgym("build", "arithmetic", "--config", "all", "--format", "arrow", "--out", tmp_path)
     assert result.exit_code == 0, result.output
@@ -95,6 +96,7 @@ def test_unknown_env_lists_known_envs():
     assert "Traceback" not in result.output
 
 
+@pytest.mark.slow
 def test_check_arithmetic_passes(tmp_path):
     result = hubgym("check", "arithmetic", "--config", "easy", "--max-rows", "20")
     assert result.exit_code == 0, result.output
@@ -102,6 +104,7 @@ def test_check_arithmetic_passes(tmp_path):
     assert "check_golden_cases" in result.output
 
 
+@pytest.mark.slow
 def test_init_scaffolds_an_env_that_passes_check(tmp_path):
     result = hubgym("init", "add_numbers", "--dir", tmp_path)
     assert result.exit_code == 0, result.output
@@ -114,6 +117,7 @@ def test_init_scaffolds_an_env_that_passes_check(tmp_path):
     assert re.search(r"all \d+ checks passed", checked.output)
 
 
+@pytest.mark.slow
 def test_check_prints_each_failure_in_full(tmp_path):
     hubgym("init", "sums", "--dir", tmp_path)
     golden = tmp_path / "sums" / "golden.jsonl"
@@ -162,6 +166,7 @@ def test_init_never_overwrites(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["mine"]  # no staging folder left behind
 
 
+@pytest.mark.slow
 def test_readme_example_env_passes_check(tmp_path):
     """The README's contract example (builder, verifier, golden cases) is a complete, conforming env."""
     readme = (Path(__file__).parents[1] / "README.md").read_text()
@@ -199,6 +204,7 @@ def test_main_job_runs_every_stage(tmp_path):
     assert "config_name: initial" in card and "config_name: online" in card  # teacher run + online rollouts
 
 
+@pytest.mark.slow
 def test_console_script_smoke(tmp_path):
     """The installed `hubgym` script scaffolds an env whose own tests (the plugin's fixture) pass under pytest."""
     script = Path(sys.executable).with_name("hubgym")
@@ -211,6 +217,7 @@ def test_console_script_smoke(tmp_path):
     assert "2 passed" in tested.stdout
 
 
+@pytest.mark.slow
 def test_the_local_rank_deepspeeds_launcher_puts_before_the_command_is_dropped():
     """`deepspeed ... $(which hubgym) train cfg.yaml` runs `hubgym --local_rank=0 train cfg.yaml`."""
     result = subprocess.run([sys.executable, "-m", "hubgym", "--local_rank=0", "envs", "arithmetic",

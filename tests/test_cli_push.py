@@ -2,6 +2,7 @@
 
 import re
 
+import pytest
 from typer.testing import CliRunner
 
 import hubgym
@@ -38,6 +39,7 @@ def test_push_unknown_config_is_a_clear_error(tmp_path):
     assert result.exit_code == 1 and "nope" in result.output
 
 
+@pytest.mark.slow
 def test_the_printed_commands_are_unbroken_lines_on_a_narrow_terminal_and_in_a_pipe(tmp_path):
     """Copy-paste must work whatever the width: every printed command is one line, in a 40-column terminal as in
     a pipe (CliRunner's stdout is not a terminal)."""

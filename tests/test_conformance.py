@@ -34,6 +34,7 @@ def _failures(results: list[CheckResult]) -> str:
     return "\n".join(r.message for r in results if not r.ok)
 
 
+@pytest.mark.slow
 def test_arithmetic_passes_every_check():
     results = check_env("arithmetic", max_rows=20)  # every check, on 20 scored rows a split
     assert [r.check for r in results] == CHECK_NAMES
@@ -42,6 +43,7 @@ def test_arithmetic_passes_every_check():
     assert_env_ok("arithmetic", configs=["easy"], max_rows=20)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["baseline", "baseline_mdp"])
 def test_the_envs_the_broken_ones_derive_from_pass(name):
     results = check_env(str(ENVS / name))
@@ -49,6 +51,7 @@ def test_the_envs_the_broken_ones_derive_from_pass(name):
 
 
 # Families (rg_*, ta_*: 100 envs) are checked whole by their own tests (tests/test_bridge_*.py).
+@pytest.mark.slow
 @pytest.mark.parametrize("name", env_names("builtin") + env_names("entry point"))
 @pytest.mark.filterwarnings("ignore:.*shipped .* fixture:UserWarning")  # Hub data envs say they fell back
 def test_every_registered_env_conforms(name, monkeypatch):
@@ -57,6 +60,7 @@ def test_every_registered_env_conforms(name, monkeypatch):
     assert all(r.ok for r in results), f"{name} fails conformance:\n{_failures(results)}"
 
 
+@pytest.mark.slow
 def test_check_result_is_a_frozen_record():
     result = check_env(str(ENVS / "baseline"))[0]
     assert [f.name for f in dataclasses.fields(CheckResult)] == ["env", "check", "ok", "message", "seconds", "skipped"]
@@ -65,6 +69,7 @@ def test_check_result_is_a_frozen_record():
         result.ok = False  # type: ignore[misc]
 
 
+@pytest.mark.slow
 def test_unknown_config_fails_the_declaration_check():
     results = {r.check: r for r in check_env("arithmetic", configs=["easy", "nope"], max_rows=5)}
     assert results["check_declaration"].message == (
@@ -81,6 +86,7 @@ def test_max_rows_caps_the_scored_sample(tmp_path):
     assert len(labels) == 2 * 3 * 3 + 2 and labels[-1] == (None, "golden case 'another word'")
 
 
+@pytest.mark.slow
 def test_a_failed_prerequisite_skips_what_needs_it(tmp_path):
     folder = _copy("baseline", tmp_path)
     (folder / "verifier.py").write_text("def correct(task):\n    return 1.0\nREWARDS = {correct: 1.0}\n")
@@ -195,12 +201,14 @@ def _register(monkeypatch, name: str, obj: object) -> None:
     monkeypatch.setitem(BUILTIN_TOOLS, name, f"{module.__name__}:entry")
 
 
+@pytest.mark.slow
 def test_a_registered_tool_with_a_valid_schema_passes(monkeypatch):
     _register(monkeypatch, "no_such_tool", shout)  # the env's rows offer "no_such_tool"
     results = check_env(str(ENVS / "unknown_tool"))
     assert all(r.ok for r in results), _failures(results)
 
 
+@pytest.mark.slow
 def test_a_tool_without_description_fails_the_schema_check(monkeypatch):
     _register(monkeypatch, "no_such_tool", Tool("no_such_tool", "  ", shout.fn, shout.arguments))
     results = {r.check: r for r in check_env(str(ENVS / "unknown_tool"))}

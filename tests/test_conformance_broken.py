@@ -202,6 +202,7 @@ def pin(template: str) -> str:
     return "^" + "".join(wild.get(p, re.escape(p)) for p in parts) + "$"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_broken_env_fails_the_intended_check_with_the_intended_message(name):
     intended = BROKEN[name].split(":", 1)[0]
@@ -215,6 +216,7 @@ def test_every_broken_env_folder_is_pinned():
     assert folders - {"baseline", "baseline_mdp"} == set(BROKEN)
 
 
+@pytest.mark.slow
 def test_check_env_reports_the_failure_without_raising_and_runs_the_other_checks():
     results = check_env(str(ENVS / "golden_disagrees"))
     failed = [r for r in results if not r.ok]

@@ -49,6 +49,7 @@ def built(request):
     return request.param, hubgym.build_tasks("calc_tools", request.param)
 
 
+@pytest.mark.slow
 def test_builds_valid_rows_with_correct_answers(built):
     config, ds = built
     for split, rows in ds.items():
@@ -63,6 +64,7 @@ def test_builds_valid_rows_with_correct_answers(built):
             assert config in prompt[0]["content"]
 
 
+@pytest.mark.slow
 def test_ids_are_deterministic():
     first, second = (hubgym.build_tasks("calc_tools", "python")["test"] for _ in range(2))
     assert first["id"] == second["id"] and first["info"] == second["info"]

@@ -63,6 +63,7 @@ def _solve(task: Task) -> Agent:
     return agent
 
 
+@pytest.mark.slow
 def test_builds_valid_rows(built):
     config, ds = built
     for split, rows in ds.items():
@@ -111,6 +112,7 @@ def test_tool_schemas_are_openai_function_schemas():
     assert cancel["properties"]["reason"]["enum"] == ["no longer needed", "ordered by mistake"]
 
 
+@pytest.mark.slow
 def test_looking_up_then_acting_earns_full_reward(built):
     for row in list(built[1]["test"])[:40]:
         agent = _solve(row)
@@ -118,6 +120,7 @@ def test_looking_up_then_acting_earns_full_reward(built):
         assert VERIFIER.score(row, agent.completion).components["goals_done"] == 1.0
 
 
+@pytest.mark.slow
 def test_wrong_or_missing_actions_earn_nothing(built):
     """Nothing done earns 0; the right calls plus the same action on another order earn 0 when that action took."""
     outcomes = set()
@@ -218,6 +221,7 @@ def _random_call(rng: random.Random, db: dict) -> tuple[str, str]:
     return name, json.dumps(arguments) if rng.random() < 0.95 else "{not json"
 
 
+@pytest.mark.slow
 def test_replay_reproduces_the_rollout_state(built):
     """Random calls (many breaking rules) through a live ToolSet and through the verifier's replay agree."""
     rng = random.Random(7)

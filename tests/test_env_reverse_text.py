@@ -25,6 +25,7 @@ def built(request):
     return request.param, hubgym.build_tasks("reverse_text", request.param)
 
 
+@pytest.mark.slow
 def test_builds_valid_rows_with_held_out_texts(built):
     config, ds = built
     low, high = {"words": (1, 3), "sentences": (6, 12)}[config]
@@ -42,6 +43,7 @@ def test_builds_valid_rows_with_held_out_texts(built):
     assert not {i["text"] for i in ds["train"]["info"]} & {i["text"] for i in ds["test"]["info"]}
 
 
+@pytest.mark.slow
 def test_ids_are_deterministic():
     first, second = (hubgym.build_tasks("reverse_text", "words")["test"] for _ in range(2))
     assert first["id"] == second["id"] and first["info"] == second["info"]

@@ -39,6 +39,7 @@ def test_builds_valid_rows_with_held_out_openings(config):
     assert {len(o) for o in train} == {0, 1, 2, 3}  # short openings are not swamped by 3-move ones
 
 
+@pytest.mark.slow
 def test_ids_are_deterministic():
     first, second = (hubgym.build_tasks("tictactoe", "easy")["train"] for _ in range(2))
     assert first["id"] == second["id"] and first["info"] == second["info"]

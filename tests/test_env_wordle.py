@@ -29,6 +29,7 @@ def built(request):
     return request.param, hubgym.build_tasks("wordle", request.param)
 
 
+@pytest.mark.slow
 def test_builds_valid_rows_with_held_out_secrets(built):
     config, ds = built
     for split, rows in ds.items():

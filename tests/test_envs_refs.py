@@ -44,6 +44,7 @@ NAMES = ["arithmetic", "count_vowels", "Count_Vowels2", "my-env", "my.env", "9li
          "ok-v2", "a", "rg_leg_counting"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_every_caller_applies_the_one_name_rule(name, tmp_path):
     """The builder's ENV (hubgym check), `hubgym init NAME`, and a stored row's env all say yes or no together."""

@@ -33,6 +33,7 @@ def push_small(hub, **kwargs):
     return push_env("arithmetic", "org/arith", hub=hub, configs=["easy"], **{"overrides": SMALL, **kwargs})
 
 
+@pytest.mark.slow
 def test_push_then_load_dataset_from_the_hub_by_config_and_split(hub, hub_client, tmp_path):
     result = push_small(hub)
     store = hub_client.store
@@ -49,6 +50,7 @@ def test_push_then_load_dataset_from_the_hub_by_config_and_split(hub, hub_client
     assert [r.id for r in hub.revisions("org/arith")][0] == result.revision
 
 
+@pytest.mark.slow
 def test_repush_makes_a_new_revision_and_the_old_one_stays_loadable(hub):
     first = push_small(hub)
     second = push_small(hub, overrides={"sizes": {"train": 4, "test": 2}})
@@ -69,6 +71,7 @@ def test_streaming_load_reads_the_data_remotely(hub):
     assert sorted(p.name for p in env.path.iterdir()) == ["README.md", "golden.jsonl", "hubgym.json", "verifier.py"]
 
 
+@pytest.mark.slow
 def test_missing_repo_revision_manifest_and_pin_over_http(hub):
     with pytest.raises(EnvNotFoundError, match=r"no repo 'org/nope' on the hf hub \(http://127\.0\.0\.1:\d+/datasets/"):
         load_env("org/nope", hub=hub)
@@ -84,6 +87,7 @@ def test_missing_repo_revision_manifest_and_pin_over_http(hub):
         load_env("org/data", hub=hub)
 
 
+@pytest.mark.slow
 def test_a_dropped_commit_or_upload_is_retried(hub, hub_client):
     hub_client.drop("commit", 1)
     hub_client.drop("upload", 1)
@@ -94,6 +98,7 @@ def test_a_dropped_commit_or_upload_is_retried(hub, hub_client):
     assert len(load_env(result.ref, hub=hub, trust=True, split="test").tasks) == 3
 
 
+@pytest.mark.slow
 def test_a_lost_commit_answer_does_not_commit_twice(hub, hub_client):
     push_small(hub)
     hub_client.drop("commit", 1, when="after")  # the server applies the commit, the answer never arrives
@@ -103,6 +108,7 @@ def test_a_lost_commit_answer_does_not_commit_twice(hub, hub_client):
     assert hub.resolve("org/arith").revision == result.revision
 
 
+@pytest.mark.slow
 def test_a_hub_that_keeps_dropping_leaves_the_old_revision(hub, hub_client, tmp_path):
     first = push_small(hub)
     hub_client.drop("commit", 100)
@@ -134,6 +140,7 @@ def test_missing_or_refused_credentials_give_a_clear_message_and_never_show_the_
     assert not hub_client.store.exists("dataset", "org/arith")
 
 
+@pytest.mark.slow
 def test_an_unreachable_hub_is_a_clear_error_and_a_loaded_revision_stays_usable(hub, hub_server):
     result = push_small(hub)
     load_env(result.ref, hub=hub, trust=True, split="test")
@@ -197,6 +204,7 @@ def test_a_verifier_pushed_over_http_loads_back_from_the_cache_links(hub, tmp_pa
     assert choice.spec("words").sha256 == env.verifier.sha256
 
 
+@pytest.mark.slow
 def test_a_short_revision_resolves_as_on_the_hub(hub):
     first = push_small(hub)
     second = push_small(hub, overrides={"sizes": {"train": 2, "test": 1}})

@@ -93,6 +93,7 @@ def outside(paths: list[str], *roots: Path) -> list[str]:
 # -- the rules ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @FUZZ
 @given(repo_ids)
 @example("org/name\n")  # `$` in a regex matches before a trailing newline
@@ -131,6 +132,7 @@ def test_a_revision_follows_git_ref_rules_or_is_refused_clearly(revision):
     assert revision.isprintable() and not any(c.isspace() for c in revision) and len(revision) <= 255
 
 
+@pytest.mark.slow
 @FUZZ
 @given(names)
 @examples("..", ".hidden", "a/b", "run\n", "")
@@ -146,6 +148,7 @@ def test_a_config_or_run_name_is_one_safe_folder_or_refused_clearly(name):
         assert (Path("/hub") / name).parent == Path("/hub")
 
 
+@pytest.mark.slow
 @FUZZ
 @given(names)
 @examples("../../etc/passwd", "/abs", "a/./b", "a\\b", "a\x00b")
@@ -158,6 +161,7 @@ def test_a_repo_path_stays_inside_its_repo(path):
     assert os.path.normpath(os.path.join("/repo", path)).startswith("/repo/")
 
 
+@pytest.mark.slow
 @FUZZ
 @given(names, names)
 @examples(("main", "../../outside"), ("../x", "run"), ("main", "a\nb"))
@@ -189,6 +193,7 @@ def local(tmp_path_factory):
     return hub, root, trap
 
 
+@pytest.mark.slow
 @FUZZ
 @given(names)
 @example("PLACEHOLDER_ABSOLUTE")  # an absolute path to the trap, filled in below
@@ -256,6 +261,7 @@ def test_hostile_names_never_reach_a_push(tmp_path):
 # -- over HTTP: hostile revisions are refused or answered "not found" by the server ------------------
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=40)
 @given(names)
 @examples("../../../../../tmp/x", "%2e%2e%2f%2e%2e", "refs/pr/1", "\u00e9t\u00e9",
@@ -283,6 +289,7 @@ def test_parse_ref_refuses_a_bad_revision_before_any_request():
     assert parse_ref("org/a@refs/pr/1") == ("org/a", "refs/pr/1")
 
 
+@pytest.mark.slow
 @FUZZ
 @given(names)
 @examples("../../../secret", "/etc/passwd", "shards/../../x", "a\x00b")

@@ -110,6 +110,7 @@ def blob_of(hub, request, path: str) -> Path:
     return blob
 
 
+@pytest.mark.slow
 def test_the_writer_records_each_shards_rows_and_sha256(real_runs):
     manifest = json.loads(next(real_runs[0].glob("manifest-*.json")).read_text())
     shards = sorted((real_runs[0] / "shards").glob("*.arrow"))
@@ -117,6 +118,7 @@ def test_the_writer_records_each_shards_rows_and_sha256(real_runs):
     assert manifest["shard_files"] == {p.name: {"rows": 2, "sha256": sha256_file(p)} for p in shards}
 
 
+@pytest.mark.slow
 def test_push_two_runs_then_read_them_back_every_way(hub, real_runs, tmp_path):
     a, b = real_runs[0], real_runs[1]
     first = push_rollouts(a, "org/rollouts", hub=hub, batch_bytes=1)  # one shard per commit
@@ -160,6 +162,7 @@ class FlakyHub(LocalHub):
         return super().commit(repo, files, message, replace=replace)
 
 
+@pytest.mark.slow
 def test_an_interrupted_push_resumes_with_no_duplicate(hub, real_runs, request, tmp_path):
     run = real_runs[0]
     if isinstance(hub, HfHub):
@@ -188,6 +191,7 @@ def _card(hub) -> str:
     return path.read_text() if path.is_file() else ""
 
 
+@pytest.mark.slow
 def test_a_bad_shard_is_never_published(hub, real_runs, tmp_path):
     run = copy_run(real_runs[0], tmp_path)
     shards = sorted((run / "shards").glob("*.arrow"))
@@ -203,6 +207,7 @@ def test_a_bad_shard_is_never_published(hub, real_runs, tmp_path):
     assert push_rollouts(run, "org/rollouts", hub=hub).uploaded == 4
 
 
+@pytest.mark.slow
 def test_a_corrupted_shard_is_named_on_read_and_the_rest_is_readable(hub, real_runs, request, tmp_path):
     run = real_runs[0]
     name = push_rollouts(run, "org/rollouts", hub=hub).name
@@ -237,6 +242,7 @@ def test_a_truncated_shard_in_a_run_folder_is_detected_on_read(real_runs, tmp_pa
     assert len(rest) == 6 and counts == {"bad_shards": 1, "shards": 3, "rows": 6}
 
 
+@pytest.mark.slow
 def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, engine, tiny_model, tmp_path):
     pushed = push_env("arithmetic", "org/arith", hub=hub_spec, configs=["easy"],
                       overrides={"sizes": {"train": 4, "test": 4}})
@@ -259,6 +265,7 @@ def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, e
     assert f"`org/arith@{pushed.revision}`" in card and result.rows == 8
 
 
+@pytest.mark.slow
 def test_cli_push_rollouts_and_its_errors(http_hub, hub_server, real_runs, monkeypatch):
     runner = CliRunner()
     done = runner.invoke(app, ["push-rollouts", str(real_runs[0]), "org/rollouts", "--hub", hub_server.url,
@@ -290,6 +297,7 @@ def test_cli_rollout_push_runs_then_pushes(tiny_model, tmp_path):
     assert ids(iter_rollouts(ref, hub=hub_dir)) == ids(iter_rollouts(out)) and len(ids(iter_rollouts(out))) == 4
 
 
+@pytest.mark.slow
 def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     run = make_run(tmp_path / "run", "runa")
     pushed = push_rollouts(run, "org/rollouts", hub=hub)

@@ -187,6 +187,7 @@ def steer_to_act(tokenizer) -> dict:
     return {"sequence_bias": [[ids[:k + 1], 100.0 + 10.0 * k] for k in range(len(ids))]}
 
 
+@pytest.mark.slow
 def test_a_hermes_template_gets_a_tool_call_parser_trl_can_use(tiny_model):
     from transformers import AutoTokenizer
 

@@ -61,6 +61,7 @@ def test_a_seed_fixes_the_stream_and_another_seed_changes_it():
     assert ids(mixture(spec, lst, seed=1).take(32)) != first[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_open", [64, 2])  # 2: sources are evicted and reopened at their positions
 def test_a_resumed_stream_draws_what_the_uninterrupted_one_draws(max_open):
     lst = fake_listing(6, rows=30)  # small envs: epochs wrap within the run

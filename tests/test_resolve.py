@@ -95,6 +95,7 @@ def test_a_stored_env_value_that_is_not_registered_loads_no_code(evil):
     assert stored_env_verifier("arithmetic-v1").env == "arithmetic"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["score", "replay"])
 def test_score_and_replay_refuse_rows_naming_code_in_one_line(evil, tmp_path, command):
     folder, marker = evil
@@ -125,6 +126,7 @@ def test_the_same_file_runs_when_the_user_names_it(evil, tmp_path):
     assert marker.exists()
 
 
+@pytest.mark.slow
 def test_a_verifier_source_per_env(tmp_path):
     """A hub env revision for one env's rows and a module for the other's, in one re-score."""
     hub = tmp_path / "hub"

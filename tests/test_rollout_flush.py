@@ -3,6 +3,8 @@ so far and written again as more arrive, and a run that is not killed ends with 
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 import textwrap
@@ -56,6 +58,7 @@ def test_flushing_by_time_ends_with_the_same_shards_as_flushing_by_size(tmp_path
     assert [sha256_file(p) for p in by_time.shards()] == [sha256_file(p) for p in by_size.shards()]
 
 
+@pytest.mark.slow
 def test_a_resumed_writer_reads_the_open_shard_again_when_the_manifest_lags(tmp_path):
     """Killed after the open shard was written again but before the manifest was: the manifest's sha256 is old."""
     script = textwrap.dedent(f"""

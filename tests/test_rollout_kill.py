@@ -29,6 +29,7 @@ def wait_for(condition, what: str, timeout_s: float = 600) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow
 def test_the_reaper_kills_every_process_started_in_engine_process_env_when_its_process_is_killed(tmp_path):
     """Marked children and their own children die with the process; a child started outside is left alone."""
     script = textwrap.dedent("""

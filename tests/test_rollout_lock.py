@@ -47,6 +47,7 @@ def kill(proc: subprocess.Popen) -> None:
     assert proc.wait(timeout=60) == -signal.SIGKILL
 
 
+@pytest.mark.slow
 def test_a_second_process_on_the_same_part_is_refused_with_the_holders_pid_and_a_sigkill_frees_it(tmp_path):
     holder = hold(tmp_path, WORKER)
     try:
@@ -63,6 +64,7 @@ def test_a_second_process_on_the_same_part_is_refused_with_the_holders_pid_and_a
         assert resumed.rows_written == 0
 
 
+@pytest.mark.slow
 def test_another_run_is_refused_in_a_folder_whose_writer_is_alive_or_gone(tmp_path):
     """Two `hubgym rollout` with one --out and another seed: the second must not touch the first's rows."""
     holder = hold(tmp_path, WORKER, run_id="run-a")
@@ -89,6 +91,7 @@ def test_a_folder_whose_manifests_name_another_run_is_refused(tmp_path):
         pass
 
 
+@pytest.mark.slow
 def test_workers_of_one_run_share_a_folder_but_not_a_part(tmp_path):
     holder = hold(tmp_path, worker_name(0, 2))
     try:
@@ -111,6 +114,7 @@ def test_run_rollouts_refuses_another_runs_folder_before_starting_an_engine(tmp_
         run_rollouts(second, progress=False)
 
 
+@pytest.mark.slow
 def test_an_online_step_being_written_by_another_trainer_is_refused(tmp_path):
     from hubgym.engines import SamplingArgs
     from hubgym.train.online import OnlineProducer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import io
 import os
 import re
@@ -71,6 +73,7 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_progress_of_a_failed_then_resumed_worker(tiny_model, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)

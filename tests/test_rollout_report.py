@@ -140,6 +140,7 @@ def _texts(ax) -> list[str]:
     return [t.get_text() for t in ax.texts]
 
 
+@pytest.mark.slow
 def test_png_when_every_reward_is_equal_shows_counts_rates_and_components(tmp_path):
     rows = [row("flat", f"f{g}", i, reward=0.0, components={"correct": 0.0, "formatted": 1.0}) for g in range(3)
             for i in range(4)]
@@ -154,6 +155,7 @@ def test_png_when_every_reward_is_equal_shows_counts_rates_and_components(tmp_pa
     assert plot_rewards(scan, tmp_path / "flat.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
 def test_png_of_varied_rewards_over_several_envs(shards):
     scan = scan_rollouts([shards / "run", shards / "other"])
     counts, rates, components = reward_figure(scan).axes
@@ -188,6 +190,7 @@ def test_rollout_card_combines_workers_over_the_rows_each_rate_is_over(tmp_path)
     assert stats["broken"]["success"] is None and stats["broken"]["pass@k"] is None  # every row failed
 
 
+@pytest.mark.slow
 def test_hubgym_report_names_k_and_draws_the_png(shards):
     from typer.testing import CliRunner
 

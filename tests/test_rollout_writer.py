@@ -107,6 +107,7 @@ def test_existing_ids_and_numbering_survive_a_new_writer(tmp_path):
     assert again.add_group(group(2)) == [tmp_path / "shards" / f"{WORKER}-00002.arrow"]
 
 
+@pytest.mark.slow
 def test_a_crash_mid_write_leaves_no_visible_shard_and_the_next_writer_cleans_up(tmp_path):
     """A real process is killed (SIGKILL) after the shard bytes hit the temp file, before the rename."""
     script = textwrap.dedent(f"""

@@ -164,6 +164,7 @@ print(started)
     _assert_nothing_left(marker)  # the sleepers went with the sandbox
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bound", BOUNDS)
 def test_fork_bomb_is_contained(bound):
     marker = f"bomb-{uuid.uuid4().hex}"
@@ -247,6 +248,7 @@ def test_processes_together_past_the_call_limit_are_stopped(bound, detach):
     _assert_nothing_left(marker)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bound", BOUNDS)
 def test_processes_together_under_the_call_limit_run_normally(bound):
     """Eight forked interpreters of 16 MB each: shared pages count once (PSS), not once per process."""
@@ -258,6 +260,7 @@ def test_processes_together_under_the_call_limit_run_normally(bound):
     _assert_nothing_left(marker)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bound", BOUNDS)
 def test_a_process_spawner_is_bounded_in_memory_and_time(bound):
     """A loop that keeps forking holders is stopped for memory; one that forks sleepers, at the clock."""
@@ -304,6 +307,7 @@ print("main done")
     _assert_nothing_left(marker)
 
 
+@pytest.mark.slow
 def test_without_cgroups_auto_falls_back_to_the_watchdog():
     """With a read-only cgroupfs "auto" bounds calls with the watchdog, and "cgroup" says why it cannot."""
     script = f"""
@@ -335,12 +339,14 @@ print(json.dumps([result.call_bound, result.memory_exceeded, result.stdout, refu
     assert "cannot bound calls with a cgroup" in done.stderr  # said once, as a warning
 
 
+@pytest.mark.slow
 def test_endless_loop_times_out():
     result = run_sandboxed("print('started', flush=True)\nwhile True:\n    pass", SandboxConfig(timeout_s=1))
     assert result.timed_out and not result.truncated and result.stdout == "started\n"
     assert result.signal_name == "SIGKILL"
 
 
+@pytest.mark.slow
 def test_cpu_limit_kills_a_spinner_before_the_wall_clock():
     result = run_sandboxed("while True:\n    pass", SandboxConfig(timeout_s=20, cpu_s=1))
     assert not result.timed_out and result.signal_name == "SIGXCPU"
@@ -369,6 +375,7 @@ def test_missing_bwrap_says_how_to_install_or_opt_out(monkeypatch, tmp_path):
     assert outcome.message["content"].startswith("Error: SandboxUnavailableError: running model code needs bubblewrap")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["config", "env"])
 def test_explicit_opt_out_runs_unsandboxed_with_limits(monkeypatch, tmp_path, how):
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -415,6 +422,7 @@ def test_python_tool_keeps_the_tail_of_long_output():
     assert len(content) < 4000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("code, kind, start", [
     ("print('working', flush=True)\nwhile True:\n    pass", "TimeoutError",
      "the program ran past the 1s time limit and was stopped; its last output was:\nworking\n"),

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from hubgym.cli import app
@@ -28,6 +29,7 @@ def pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_init_makes_an_env_of_each_kind_that_passes_check_and_its_own_tests(tmp_path):
     for kind in KINDS:
         made = hubgym("init", f"my_{kind}", "--kind", kind, "--dir", tmp_path)
@@ -55,6 +57,7 @@ def test_the_multi_turn_example_shows_the_mdp_contract(tmp_path):
     assert golden.count('"interaction": {"kind": "multi_turn"') == golden.count("\n") and '"actions"' in golden
 
 
+@pytest.mark.slow
 def test_generated_tests_follow_the_env_as_it_is_edited(tmp_path):
     hubgym("init", "sums", "--dir", tmp_path)
     folder = tmp_path / "sums"
@@ -89,6 +92,7 @@ def test_a_folder_without_envs_is_one_clear_error(tmp_path):
         r"\s+", " ", result.output)
 
 
+@pytest.mark.slow
 def test_build_leaves_only_the_built_files_in_out(tmp_path):
     out = tmp_path / "out"
     result = hubgym("build", "arithmetic", "--config", "all", "--out", out)
@@ -99,6 +103,7 @@ def test_build_leaves_only_the_built_files_in_out(tmp_path):
         "arithmetic-test.parquet", "arithmetic-train.parquet", "dataset_info.json"))])  # no *.lock, no staging
 
 
+@pytest.mark.slow
 def test_python_dash_m_hubgym_is_the_command(tmp_path):
     shown = subprocess.run([sys.executable, "-m", "hubgym", "--help"], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and "Usage: python -m hubgym" in shown.stdout
@@ -110,6 +115,7 @@ def test_python_dash_m_hubgym_is_the_command(tmp_path):
     assert (tmp_path / "count_up" / "builder.py").is_file()
 
 
+@pytest.mark.slow
 def test_the_readme_multi_turn_example_passes_check(tmp_path):
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     section = readme.split("### Multi-turn environments", 1)[1].split("\n## ", 1)[0]

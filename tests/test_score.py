@@ -98,6 +98,7 @@ def expected_changes(rows: list[dict], threshold: int) -> set[tuple[str, str]]:
     return expected
 
 
+@pytest.mark.slow
 def test_the_same_verifier_changes_nothing(stored, tmp_path):
     seen = []
     result = rescore(stored, out=tmp_path / "same", workers=1, progress=lambda rows, total: seen.append((rows, total)))

@@ -139,6 +139,7 @@ def cli(*args: str):
     return CliRunner().invoke(app, [str(a) for a in args], catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_cli_writes_pushes_and_merges_back_from_a_hub(tmp_path, hub_spec):
     a, b = run_a(tmp_path), run_b(tmp_path)
     first = cli("stats", a, "--out", tmp_path / "s1")
@@ -159,6 +160,7 @@ def test_cli_writes_pushes_and_merges_back_from_a_hub(tmp_path, hub_spec):
     assert datasets.load_dataset(str(tmp_path / "s2"), split="train").num_rows == 4  # the card's configs, no hubgym
 
 
+@pytest.mark.slow
 def test_a_band_from_stats_on_a_hub_and_from_rollout_repos(tmp_path, hub_spec):
     from hubgym.hub.rollouts import push_rollouts
     from hubgym.stats import push_stats
@@ -187,6 +189,7 @@ def failure(result) -> str:
     return " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_bad_sources_are_one_error_each_and_write_nothing(tmp_path):
     (tmp_path / "empty").mkdir()
     out = tmp_path / "out"

@@ -3,6 +3,8 @@
 import json
 import multiprocessing
 
+import pytest
+
 from hubgym.models.tiny import TinyModelConfig, make_tiny_model
 
 SMALL = TinyModelConfig(vocab_size=300, hidden_size=16, intermediate_size=32, num_hidden_layers=1)
@@ -12,6 +14,7 @@ def _make(out: str) -> None:
     make_tiny_model(out, SMALL)
 
 
+@pytest.mark.slow
 def test_processes_making_the_tiny_model_at_once_get_one_complete_folder(tmp_path):
     out = tmp_path / "tiny"
     procs = [multiprocessing.get_context("spawn").Process(target=_make, args=(str(out),)) for _ in range(3)]

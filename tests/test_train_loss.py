@@ -357,6 +357,7 @@ def test_a_proximal_logprob_from_the_batch_equals_proximal_current():
     assert torch.allclose(results[0][1], results[1][1], atol=1e-7)
 
 
+@pytest.mark.slow
 def test_packing_and_loss_on_the_tiny_causal_lm(tiny_model):
     """The real model: right padding changes no logprob, so micro-batch sums equal the whole batch's."""
     from transformers import AutoModelForCausalLM
@@ -464,6 +465,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 / (N * 
 """
 
 
+@pytest.mark.slow
 def test_the_loss_backward_holds_at_most_four_float32_token_by_vocab_tensors_at_peak():
     """On a GPU the (loss tokens x vocabulary) float32 tensors of the loss set its peak memory (8 GiB each at 14k
     tokens of a 152k vocabulary): the gather's gradient must not be held while the logsumexp's backward runs."""

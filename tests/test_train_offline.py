@@ -45,6 +45,7 @@ def logged_steps(out) -> list[dict]:
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "policy/loss" in r]
 
 
+@pytest.mark.slow
 def test_stored_rows_train_every_step_and_env_metrics_count_every_row_read(tiny_model, rollouts, tmp_path,
                                                                            monkeypatch):
     saved: list[int] = []
@@ -65,6 +66,7 @@ def test_stored_rows_train_every_step_and_env_metrics_count_every_row_read(tiny_
     assert saved == [1, 3]  # the last step is saved by the loop, not a second time after it
 
 
+@pytest.mark.slow
 def test_a_stopped_run_resumes_with_each_step_logged_once(tiny_model, rollouts, tmp_path, monkeypatch):
     out = tmp_path / "out"
     train = Trainer._train

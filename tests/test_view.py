@@ -103,6 +103,7 @@ def cells(page, selector: str) -> list[str]:
 
 # -- the index and queries (no browser) ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_index_keeps_small_columns_and_rows_come_from_one_shard_at_a_time(store, runs):
     run = store.runs[0]
     assert len(run.shards) == 3 and run.index.height == rows_of(runs.wordle_a).height

@@ -58,6 +58,7 @@ def reward(folder: Path, task: dict, reply: str) -> float:
     return score.reward
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["numeric", "math_verify", "exact"])
 def test_gsm8k_fixture_wraps_into_an_env_that_passes_check(tmp_path, kind):
     out = tmp_path / f"gsm8k_{kind}"
@@ -92,6 +93,7 @@ def test_numeric_and_math_verify_rewards_compare_numbers_not_text(tmp_path):
     assert reward(math, {"info": {"answer": "0.5"}}, "<answer>\\frac{1}{2}</answer>") == 1.0
 
 
+@pytest.mark.slow
 def test_multiple_choice_fixture_wraps_by_letter_or_by_index(tmp_path):
     for column, name in (("answer", "capitals"), ("label", "capitals_by_index")):
         out = tmp_path / name
@@ -123,6 +125,7 @@ def test_a_wrapped_env_pushes_to_a_local_hub_and_loads_back_with_datasets(tmp_pa
     assert (snapshot.path / "verifier.py").read_bytes() == (out / "verifier.py").read_bytes()
 
 
+@pytest.mark.slow
 def test_split_map_limit_system_and_repeated_rows(tmp_path):
     source = tmp_path / "quiz"
     source.mkdir()
