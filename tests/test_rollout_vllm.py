@@ -9,6 +9,7 @@ and finish reasons still come from the engine.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import copy
 import json
 import os
@@ -85,12 +86,12 @@ def call_regex(name: str, arguments: str) -> str:
 
 RESUME_SCRIPT = textwrap.dedent("""
     import json, sys
-    from hubgym.engines import SamplingArgs, VLLMEngine
+    from pydantic import TypeAdapter
+    from hubgym.engines import VLLMEngine
     from hubgym.rollout import RolloutConfig, run_rollouts
 
     if __name__ == "__main__":
-        fields = json.loads(sys.argv[1])
-        config = RolloutConfig(**{**fields, "sampling": SamplingArgs(**fields["sampling"])})
+        config = TypeAdapter(RolloutConfig).validate_python(json.loads(sys.argv[1]))
         engine = VLLMEngine(config.model, max_model_len=config.max_model_len, enforce_eager=True)
         print("engine ready", flush=True)
         run_rollouts(config, engine=engine, progress=False)
@@ -107,7 +108,7 @@ class KilledRun:
     process group and the whole group is killed: vLLM's engine-core process dies with it, as in a crash."""
 
     def __init__(self, config: RolloutConfig, script: Path):
-        fields = {**config.__dict__, "sampling": config.sampling.to_dict()}
+        fields = dataclasses.asdict(config)
         script.write_text(RESUME_SCRIPT)
         self.config, self.log = config, script.with_suffix(".log")
         self.process = subprocess.Popen([sys.executable, str(script), json.dumps(fields)], stdout=self.log.open("w"),
