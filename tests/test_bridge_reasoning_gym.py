@@ -69,6 +69,7 @@ def test_rows_carry_the_entry_and_test_holds_no_train_question():
     assert score(test[0], [assistant(f"The answer is {info['answer']}")]).reward == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("env", REPRESENTATIVE)
 def test_golden_cases_reward_the_generator_answer_fully_and_a_wrong_one_nothing(env):
     cases = {c.name: c for c in rg.FAMILY.builder(env).golden_cases()}

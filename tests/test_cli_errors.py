@@ -126,6 +126,7 @@ def test_a_bad_input_is_one_red_line_and_exit_code_1(world, args, said):
     assert said.replace(W, str(world)) in errors[0], errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "wrong-type", "bad-manifest"])
 def test_the_installed_command_prints_no_traceback_for_damaged_stored_data(world, damage):
     for command in (["report"], ["score", "--workers", "1"]):
@@ -138,6 +139,7 @@ def test_the_installed_command_prints_no_traceback_for_damaged_stored_data(world
 SKIP_BAD_COMMANDS = {"report": ["--plot", "{world}/r.png"], "score": ["--workers", "1"], "replay": []}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", list(SKIP_BAD_COMMANDS))
 def test_skip_bad_reads_the_other_shards_and_names_the_bad_one(world, command):
     extra = [a.format(world=world) for a in SKIP_BAD_COMMANDS[command]]

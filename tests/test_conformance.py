@@ -233,6 +233,7 @@ def test_schema_problems_are_named(schema, problem):
     assert found == problem if problem is None else found.startswith(problem)
 
 
+@pytest.mark.slow
 def test_build_rows_caps_every_build_of_a_check(tmp_path):
     """`hubgym check all` builds each split with at most --max-rows rows (its default 50): the first, second and
     hash-seed builds alike, so the determinism checks compare like with like."""

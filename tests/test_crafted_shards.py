@@ -189,6 +189,7 @@ def stored_rewards(run: Path) -> dict[str, float | None]:
     return out
 
 
+@pytest.mark.slow
 def test_a_non_finite_stored_reward_counts_as_an_error_and_is_named(good, tmp_path):
     run = with_rewards(good, tmp_path / "run", [float("nan"), float("inf"), 0.5, 1.0])
     stored = stored_rewards(run)

@@ -136,6 +136,7 @@ def test_golden_cases_score_as_declared():
         assert VERIFIER.score(case.task, case.completion).reward == case.reward, case.name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reply, gold", [
     ("<answer>18</answer>", "18"), ("<answer>18.0</answer>", "18"), ("<answer>$18</answer>", "18"),
     ("<answer>18 dollars</answer>", "18"), ("\\boxed{\\frac{36}{2}}", "18"), ("so it is 18.00", "18"),

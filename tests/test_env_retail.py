@@ -83,6 +83,7 @@ def test_rows_are_deterministic_per_seed():
     assert first == second and not {r["id"] for r in first} & {r["id"] for r in other}
 
 
+@pytest.mark.slow
 def test_requests_name_orders_by_their_items_only(built):
     _, ds = built
     for row in ds["test"]:

@@ -62,6 +62,7 @@ def test_a_mixture_refuses_nan_and_infinite_weights_by_name(tmp_path, spec, name
         load_mix_spec(path)
 
 
+@pytest.mark.slow
 def test_a_mixture_spec_that_is_binary_a_fifo_or_deep_is_one_line(tmp_path):
     binary, fifo, deep = tmp_path / "binary.yaml", tmp_path / "fifo.yaml", tmp_path / "deep.yaml"
     binary.write_bytes(bytes(range(128, 256)) * 4)
@@ -103,6 +104,7 @@ def test_wrap_bounds_a_regex_that_backtracks_and_names_a_file_that_is_not_utf8(t
     assert not (tmp_path / "out").exists() and not (tmp_path / "out2").exists()
 
 
+@pytest.mark.slow
 def test_the_openai_engine_with_model_tiny_uses_the_tiny_tokenizer_here(tmp_path):
     """No Hub lookup of a model called `tiny`: the run gets as far as the server (none listens on port 9)."""
     from hubgym.models.tiny import default_tiny_model

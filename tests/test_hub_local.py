@@ -273,6 +273,7 @@ def test_an_interrupted_commit_leaves_the_previous_revision(tmp_path, monkeypatc
     assert again.revision != first.revision and not any((hub.root / "datasets/org/arith/tmp").iterdir())
 
 
+@pytest.mark.slow
 def test_commits_stay_inside_the_repo_and_concurrent_commits_all_land(tmp_path):
     hub = LocalHub(tmp_path / "hub")
     hub.create_repo("org/r")

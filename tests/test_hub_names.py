@@ -118,6 +118,7 @@ def test_every_repo_id_the_hub_refuses_is_refused(repo):
         check_repo_id(repo)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(names)
 @examples("../x", "/etc", "a//b", "x\x00", "v1.lock", "a" * 256)

@@ -30,7 +30,8 @@ from hubgym.score.rescore import rescore
 from helpers.hub_server import TOKEN
 from helpers.scored_runs import make_run
 
-pytestmark = pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")
+pytestmark = [pytest.mark.slow,  # its fixtures sample runs with vLLM
+              pytest.mark.filterwarnings("ignore:Use 'content=<...>':DeprecationWarning")]
 
 
 ANSWER = r"<answer>[0-9]{1,2}</answer>"  # constrained replies: some right, some wrong, all scored
@@ -110,7 +111,6 @@ def blob_of(hub, request, path: str) -> Path:
     return blob
 
 
-@pytest.mark.slow
 def test_the_writer_records_each_shards_rows_and_sha256(real_runs):
     manifest = json.loads(next(real_runs[0].glob("manifest-*.json")).read_text())
     shards = sorted((real_runs[0] / "shards").glob("*.arrow"))
@@ -118,7 +118,6 @@ def test_the_writer_records_each_shards_rows_and_sha256(real_runs):
     assert manifest["shard_files"] == {p.name: {"rows": 2, "sha256": sha256_file(p)} for p in shards}
 
 
-@pytest.mark.slow
 def test_push_two_runs_then_read_them_back_every_way(hub, real_runs, tmp_path):
     a, b = real_runs[0], real_runs[1]
     first = push_rollouts(a, "org/rollouts", hub=hub, batch_bytes=1)  # one shard per commit
@@ -162,7 +161,6 @@ class FlakyHub(LocalHub):
         return super().commit(repo, files, message, replace=replace)
 
 
-@pytest.mark.slow
 def test_an_interrupted_push_resumes_with_no_duplicate(hub, real_runs, request, tmp_path):
     run = real_runs[0]
     if isinstance(hub, HfHub):
@@ -191,7 +189,6 @@ def _card(hub) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-@pytest.mark.slow
 def test_a_bad_shard_is_never_published(hub, real_runs, tmp_path):
     run = copy_run(real_runs[0], tmp_path)
     shards = sorted((run / "shards").glob("*.arrow"))
@@ -207,7 +204,6 @@ def test_a_bad_shard_is_never_published(hub, real_runs, tmp_path):
     assert push_rollouts(run, "org/rollouts", hub=hub).uploaded == 4
 
 
-@pytest.mark.slow
 def test_a_corrupted_shard_is_named_on_read_and_the_rest_is_readable(hub, real_runs, request, tmp_path):
     run = real_runs[0]
     name = push_rollouts(run, "org/rollouts", hub=hub).name
@@ -242,7 +238,6 @@ def test_a_truncated_shard_in_a_run_folder_is_detected_on_read(real_runs, tmp_pa
     assert len(rest) == 6 and counts == {"bad_shards": 1, "shards": 3, "rows": 6}
 
 
-@pytest.mark.slow
 def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, engine, tiny_model, tmp_path):
     pushed = push_env("arithmetic", "org/arith", hub=hub_spec, configs=["easy"],
                       overrides={"sizes": {"train": 4, "test": 4}})
@@ -265,7 +260,6 @@ def test_rollouts_of_a_hub_env_record_its_repo_and_resolved_revision(hub_spec, e
     assert f"`org/arith@{pushed.revision}`" in card and result.rows == 8
 
 
-@pytest.mark.slow
 def test_cli_push_rollouts_and_its_errors(http_hub, hub_server, real_runs, monkeypatch):
     runner = CliRunner()
     done = runner.invoke(app, ["push-rollouts", str(real_runs[0]), "org/rollouts", "--hub", hub_server.url,
@@ -283,7 +277,6 @@ def test_cli_push_rollouts_and_its_errors(http_hub, hub_server, real_runs, monke
     assert missing.exit_code == 1 and "is not a rollout run folder" in missing.output
 
 
-@pytest.mark.slow
 def test_cli_rollout_push_runs_then_pushes(tiny_model, tmp_path):
     """The installed `hubgym rollout ... --push REPO` (its own vLLM engine, in a subprocess)."""
     script = Path(sys.executable).with_name("hubgym")
@@ -297,7 +290,6 @@ def test_cli_rollout_push_runs_then_pushes(tiny_model, tmp_path):
     assert ids(iter_rollouts(ref, hub=hub_dir)) == ids(iter_rollouts(out)) and len(ids(iter_rollouts(out))) == 4
 
 
-@pytest.mark.slow
 def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     run = make_run(tmp_path / "run", "runa")
     pushed = push_rollouts(run, "org/rollouts", hub=hub)
@@ -318,7 +310,6 @@ def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     assert all(r["rescore_verifier_module"] and json.dumps(r["info"]) for r in written)
 
 
-@pytest.mark.slow
 def test_rescore_of_a_hub_run_on_a_ray_cluster_gives_what_one_machine_gives(cluster, http_hub, hub_server, tmp_path):
     """`hubgym score REF --ray`: a hub run is streamed by the driver and its batches go to Ray tasks as Arrow bytes
     (no shared filesystem), a changed verifier file shipped with them; the report and the output shards are those

@@ -21,6 +21,8 @@ from hubgym.schemas import user, validate_rollouts
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES
 from hubgym.verifiers.tictactoe import parse_move, render
 
+pytestmark = pytest.mark.slow  # the instant server in a child process
+
 CALCULATOR = {"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                                "parameters": {"type": "object",
                                                               "properties": {"expression": {"type": "string"}}}}}
@@ -37,7 +39,6 @@ def tokenizer(tiny_model):
     return AutoTokenizer.from_pretrained(tiny_model)
 
 
-@pytest.mark.slow
 def test_the_plain_openai_client_reads_a_hermes_tool_call_with_token_ids_and_logprobs(server, tokenizer):
     client = openai.OpenAI(base_url=server.url("calc_tools"), api_key="EMPTY")
     messages = [{"role": "user", "content": "What is 123 * 456?"}]
@@ -108,7 +109,6 @@ def _rows(out: Path) -> list[dict]:
     return [ROLLOUT_FEATURES.decode_example(r) for r in table.to_pylist()]
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("env", ["calc_tools:calculator", "wordle", "tictactoe"])
 def test_rollouts_against_it_store_valid_rows_that_pass_the_token_audit_in_both_modes(server, tokenizer, tmp_path, env):
     renderer, turns = ChatRenderer(tokenizer), {}

@@ -82,6 +82,7 @@ def test_no_import_reaches_up_or_sideways_into_a_room_above(path):
     assert upward == [], f"{module_of(path)} (room {room!r}) imports rooms above it: {upward}"
 
 
+@pytest.mark.slow
 def test_no_module_imports_itself_back_through_others():
     """The import graph of hubgym's modules (every import, in functions too) has no circle: a module that needs
     another's names below it never has that module need its own."""

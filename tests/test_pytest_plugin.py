@@ -48,6 +48,7 @@ def test_a_broken_env_fails_exactly_its_check_with_the_message_and_no_traceback(
     assert "Traceback" not in result.stdout.str() and "hubgym/conformance" not in result.stdout.str()
 
 
+@pytest.mark.slow
 def test_keyword_selection_runs_a_later_check_alone(pytester):
     folder = _env(pytester, "unstable_ids")
     result = pytester.runpytest("--hubgym-env", folder, "-k", "check_ids_stable or check_golden_cases")

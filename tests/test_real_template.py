@@ -215,6 +215,7 @@ def test_shards_written_before_new_fields_still_read(renderer, smollm2_tokenizer
     assert both["reward"].to_list() == [back["reward"]] * 2  # the same row, stored the old way and the new
 
 
+@pytest.mark.slow
 def test_vllm_tool_parser_by_name_feeds_the_loop_with_deterministic_ids(smollm2_tokenizer):
     tok = smollm2_tokenizer
     pythonic = ChatRenderer(tok, tool_parser="pythonic")

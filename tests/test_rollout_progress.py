@@ -16,6 +16,8 @@ from rich.console import Console
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.rollout.progress import RolloutProgress
 
+pytestmark = pytest.mark.slow  # runs the real engine in a child
+
 
 def final_line(text: str) -> str:
     """The bar as last rendered, without the elapsed time and the token rate (which depend on the clock)."""
@@ -73,7 +75,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
 def test_progress_of_a_failed_then_resumed_worker(tiny_model, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(SCRIPT)

@@ -28,6 +28,8 @@ from hubgym.schemas import validate_rollouts
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES
 from hubgym.tools.registry import make_toolbox
 
+pytestmark = pytest.mark.slow  # a vLLM server per module
+
 MAX_MODEL_LEN = 2048
 CALL_TEXT = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 34"}}\n</tool_call>'
 FORCE_CALL = {"structured_outputs": {"regex": CALL_TEXT.replace("{", r"\{").replace("}", r"\}").replace("*", r"\*")}}
@@ -109,7 +111,6 @@ def _by_key(rows: list[dict]) -> dict[tuple[str, int], dict]:
     return {(r["task_id"], r["sample"]): r for r in rows}
 
 
-@pytest.mark.slow
 def test_token_in_modes_store_consistent_multi_turn_rollouts(server, renderer, tmp_path):
     """`tokens` (/v1/completions) and `chat_tokens` (/v1/chat/completions with the stored ids as the
     prompt) are both token-in: same seeds, so the same sampled tokens and the same tool/env tokens."""
@@ -135,7 +136,6 @@ def test_token_in_modes_store_consistent_multi_turn_rollouts(server, renderer, t
         assert row["reward"] == other["reward"]
 
 
-@pytest.mark.slow
 def test_native_tool_calls_are_parsed_by_the_server_and_answered_with_mask_0(server, renderer, tmp_path):
     """The forced reply is a real Hermes tool call: vLLM's parser returns it as `tool_calls`, the
     toolbox runs it, and its result goes back into the token record as template tokens (mask 0)."""
@@ -163,7 +163,6 @@ def test_native_tool_calls_are_parsed_by_the_server_and_answered_with_mask_0(ser
         assert row["reward"] == pytest.approx(0.2)  # two rewarded calls; 408 is not the answer
 
 
-@pytest.mark.slow
 def test_chat_mode_flags_replies_the_server_retokenizes_differently(server, renderer, tmp_path):
     """In `chat` mode the server renders each turn from messages. The template is prefix-consistent
     as text, but the model's sampled ids are often not the canonical tokenization of its reply, so the
@@ -198,7 +197,6 @@ def test_a_refused_request_is_recorded_on_its_rows_and_the_run_goes_on(server, t
             assert row["error"] is None and row["reward"] is not None
 
 
-@pytest.mark.slow
 def test_an_unreachable_server_fails_after_the_retries_and_leaves_a_resumable_run(tiny_model, tmp_path, caplog):
     url = f"http://127.0.0.1:{free_port()}/v1"
     config = RolloutConfig(envs=["arithmetic:easy"], model=str(tiny_model), out=str(tmp_path / "run"), engine="openai",
@@ -228,7 +226,6 @@ class _KillingEngine(OpenAIEngine):
         return await super().generate(request, sampling)
 
 
-@pytest.mark.slow
 def test_a_server_killed_mid_run_stops_it_and_a_fresh_server_completes_it_exactly(server, tmp_path):
     config = _config(server, tmp_path, "tokens", envs=["arithmetic:easy"], limit=8, concurrency=1,
                      max_rows_per_shard=2, sampling=SamplingArgs(max_tokens=8))

@@ -39,6 +39,8 @@ from hubgym.rollout.run import rollout_id
 from hubgym.schemas import validate_rollouts
 from hubgym.verifiers.contract import load_verifier
 
+pytestmark = pytest.mark.slow  # its fixtures start vLLM
+
 BROKEN_ENVS = Path(__file__).parent / "broken_envs"
 MAX_MODEL_LEN = 4096  # retail's prompt (system + 7 tool schemas) is ~2.7k tokens
 ALL_ENVS = ["arithmetic:easy", "gsm8k", "reverse_text", "calc_tools", "retail", "wordle", "tictactoe"]
@@ -244,7 +246,6 @@ def mixed(engine, tmp_path_factory):
     return (*run(engine, out, ALL_ENVS, n=2, limit=2, max_tokens=16), out)
 
 
-@pytest.mark.slow
 def test_every_builtin_env_kind_makes_valid_shards(mixed, renderer):
     summary, rows, sampled, out = mixed
 
@@ -321,7 +322,6 @@ def games(engine, tmp_path_factory):
     return run(engine, tmp_path_factory.mktemp("games"), ["wordle", "tictactoe"], move_or_guess, max_tokens=24)
 
 
-@pytest.mark.slow
 def test_multi_turn_observations_are_tokens_with_mask_zero(games, renderer):
     summary, rows, sampled = games
 
@@ -343,7 +343,6 @@ def test_multi_turn_observations_are_tokens_with_mask_zero(games, renderer):
         assert whole + "\n" == renderer.render(shown, None, add_generation_prompt=False)
 
 
-@pytest.mark.slow
 def test_multi_turn_rewards_equal_a_fresh_rescore(games):
     _, rows, _ = games
 
@@ -379,7 +378,6 @@ def tool_run(engine, tmp_path_factory):
     return (*run(engine, tmp_path_factory.mktemp("tools"), ["calc_tools", "retail"], constrain, max_tokens=192), tasks)
 
 
-@pytest.mark.slow
 def test_forced_tool_calls_run_and_come_back_with_mask_zero(tool_run, renderer):
     _, rows, sampled, _ = tool_run
     calc = [r for r in rows if r["env"] == "calc_tools"]
@@ -423,7 +421,6 @@ def test_forced_retail_lookup_returns_the_customer_record(tool_run, renderer):
 
 # ---------------------------------------------------------------- truncation by turns and by context
 
-@pytest.mark.slow
 def test_max_turns_truncation(engine, tmp_path):
     always_call = call_regex("calculator", literal('{"expression": "2 + 2"}'))
     _, rows, sampled = run(engine, tmp_path, ["calc_tools"], lambda request: always_call, limit=1,
@@ -518,7 +515,6 @@ def test_an_env_whose_reset_fails_is_recorded_on_every_row_before_any_generation
     assert outcomes == [("error", "env", "KeyError", 0)] * 2
 
 
-@pytest.mark.slow
 def test_a_template_that_rewrites_earlier_turns_is_flagged(engine, tiny_model):
     from transformers import AutoTokenizer
 
@@ -547,7 +543,6 @@ def test_a_template_that_rewrites_earlier_turns_is_flagged(engine, tiny_model):
 
 # ---------------------------------------------------------------- resume and scale-out
 
-@pytest.mark.slow
 def test_a_killed_run_resumes_with_no_duplicate_and_no_missing_rollout(killed_run, engine):
     returncode = killed_run.wait()
     config = killed_run.config
@@ -571,7 +566,6 @@ def test_a_killed_run_resumes_with_no_duplicate_and_no_missing_rollout(killed_ru
     assert (again.written, again.skipped) == (0, len(expected))
 
 
-@pytest.mark.slow
 def test_two_workers_split_the_tasks_disjointly(engine, tmp_path):
     envs, both = ["arithmetic:easy", "reverse_text"], tmp_path / "two"
     requests = engine.requests

@@ -30,6 +30,8 @@ from hubgym.score import rescore
 from hubgym.verifiers import arithmetic as arithmetic_verifier
 from hubgym.verifiers.rewards import final_text
 
+pytestmark = pytest.mark.slow  # its stored runs are sampled with vLLM
+
 ENVS = ["arithmetic:easy", "reverse_text"]
 ORIGINAL_REWARDS = "REWARDS = {correct: 1.0, formatted: 0.0}"
 
@@ -98,7 +100,6 @@ def expected_changes(rows: list[dict], threshold: int) -> set[tuple[str, str]]:
     return expected
 
 
-@pytest.mark.slow
 def test_the_same_verifier_changes_nothing(stored, tmp_path):
     seen = []
     result = rescore(stored, out=tmp_path / "same", workers=1, progress=lambda rows, total: seen.append((rows, total)))

@@ -281,6 +281,7 @@ def test_a_damaged_run_manifest_is_named_by_every_reader(stored, tmp_path, damag
         assert result == "refused" or not must_refuse, f"{reader} read past the {damage} manifest"
 
 
+@pytest.mark.slow
 def test_a_run_manifest_field_of_any_wrong_type_is_named(stored, tmp_path):
     run = fresh_run(stored, tmp_path)
     manifest = run / "manifest-w000of001.json"
@@ -340,6 +341,7 @@ def test_a_damaged_index_json_is_named_by_every_reader(stored, tmp_path, damage)
         _commit(stored, "org/rollouts", f"{RUN}/index.json", original)
 
 
+@pytest.mark.slow
 def test_an_index_json_field_of_any_wrong_type_is_named(stored, tmp_path):
     original_bytes = _original(stored, "org/rollouts", f"{RUN}/index.json")
     original = json.loads(original_bytes)
@@ -467,6 +469,7 @@ def test_hubgym_json_naming_data_files_the_repo_lacks_is_named(stored, tmp_path)
 # -- bit flips and truncations anywhere (hypothesis) -------------------------------------------------------
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())

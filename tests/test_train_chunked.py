@@ -110,6 +110,7 @@ def causal_lm(request, tiny_model):
     return small_llama()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant, proximal, beta", SETTINGS[:3])
 def test_the_trainers_loss_on_a_tied_causal_lm_equals_the_whole_logits_loss(causal_lm, variant, proximal, beta,
                                                                              monkeypatch):
@@ -157,6 +158,7 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024 / (N * 
 """
 
 
+@pytest.mark.slow
 def test_the_fused_loss_never_holds_the_whole_token_by_vocab_logits():
     """One (N, V) float32 tensor is 512 MiB here (the loss on whole logits holds three or more); the fused loss's
     forward and backward stay under a quarter of one: a chunk's few (128, V) tensors and the (V, H) weight gradient."""
@@ -165,6 +167,7 @@ def test_the_fused_loss_never_holds_the_whole_token_by_vocab_logits():
     assert peak < 0.25, f"the fused loss peaked at {peak:.2f} (N, V) float32 tensors"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("output_layer", ["chunked", "liger"])
 def test_the_other_output_layers_give_the_same_loss_and_gradients(output_layer):
     """loss.output_layer chunked (recomputed in backward) and liger (Liger-Kernel; here its CPU fallback) against

@@ -17,6 +17,8 @@ from hubgym.train.trainer import Trainer
 
 from helpers.scored_runs import make_run
 
+pytestmark = pytest.mark.slow  # DeepSpeed
+
 STEPS = 4
 
 
@@ -45,7 +47,6 @@ def logged_steps(out) -> list[dict]:
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "policy/loss" in r]
 
 
-@pytest.mark.slow
 def test_stored_rows_train_every_step_and_env_metrics_count_every_row_read(tiny_model, rollouts, tmp_path,
                                                                            monkeypatch):
     saved: list[int] = []
@@ -66,7 +67,6 @@ def test_stored_rows_train_every_step_and_env_metrics_count_every_row_read(tiny_
     assert saved == [1, 3]  # the last step is saved by the loop, not a second time after it
 
 
-@pytest.mark.slow
 def test_a_stopped_run_resumes_with_each_step_logged_once(tiny_model, rollouts, tmp_path, monkeypatch):
     out = tmp_path / "out"
     train = Trainer._train

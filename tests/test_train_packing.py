@@ -38,6 +38,7 @@ def test_the_layout_keeps_the_budget_and_fills_rows_with_tokens():
     assert plans == plan_rows(lengths, max_tokens=200)  # deterministic
 
 
+@pytest.mark.slow
 def test_packed_logprobs_equal_each_sequence_alone(causal_lm):
     model = causal_lm.eval()
     [[mb]] = pack_step(varied_groups(16), max_tokens=10_000)
@@ -54,6 +55,7 @@ def test_packed_logprobs_equal_each_sequence_alone(causal_lm):
         assert torch.all(logp[row, cols.stop - 1:] == 0.0)
 
 
+@pytest.mark.slow
 def test_the_steps_loss_and_gradients_do_not_depend_on_the_packing(causal_lm):
     model = causal_lm
     groups = varied_groups(16)

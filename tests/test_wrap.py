@@ -111,6 +111,7 @@ def test_multiple_choice_fixture_wraps_by_letter_or_by_index(tmp_path):
             assert reward(out, first, reply) == earned, reply
 
 
+@pytest.mark.slow
 def test_a_wrapped_env_pushes_to_a_local_hub_and_loads_back_with_datasets(tmp_path):
     out = wrap_dataset(WrapSpec(str(CAPITALS), "question", "answer", "choice", tmp_path / "capitals",
                                 choices="choices", split_map={"train": "train", "eval": "test"}))
@@ -257,6 +258,7 @@ def test_an_empty_dataset(tmp_path):
     assert "is empty" in refused(tmp_path, WrapSpec(str(source), "q", "a", "exact", tmp_path / "out")).what
 
 
+@pytest.mark.slow
 def test_an_out_folder_that_is_not_empty_is_refused_unless_forced(tmp_path):
     out = tmp_path / "capitals"
     out.mkdir()
@@ -296,6 +298,7 @@ def test_a_gold_answer_its_verifier_cannot_read_leaves_nothing_behind(tmp_path):
     assert error.fix == "fix the row, or use --reward exact when the answers are text rather than math"
 
 
+@pytest.mark.slow
 def test_rows_with_the_same_question_and_gold_answer_are_one_task(tmp_path):
     rows = [{"q": "How many?", "a": "Two and two.\n#### 4"}, {"q": "How many?", "a": "Four.\n#### 4"},
             {"q": "How many?", "a": "#### 5"}]
