@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from helpers.fuzz_mutations import CRASH_CASES, crash_case, read_table, write_table
+from helpers.fuzz_mutations import CRAFTED, CRASH_CASES, crash_case, read_table, write_table
 from hubgym.cli import app
 from hubgym.errors import ShardError, SkippedShardsWarning
 from hubgym.hub import LocalHub
@@ -89,6 +90,19 @@ def test_every_reader_names_the_file_column_and_row_of_a_crafted_shard(good, tmp
             f"{reader}: {message}"
     with pytest.warns(SkippedShardsWarning, match="w000of001-00000.arrow"):  # --skip-bad: the other shard is read
         assert len(list(iter_rollouts(run, skip_bad=True))) == ROWS_PER_SHARD
+
+
+@pytest.mark.parametrize("case", ["mask value 2", "mask one short"])
+def test_a_completion_mask_that_is_not_one_0_or_1_a_token_is_refused_by_every_reader(good, tmp_path, case):
+    """replay's token audit walked a mask of 2s into an IndexError (a fuzzer find): the mask is checked where the
+    shard opens, for every reader."""
+    run = Path(shutil.copytree(good, tmp_path / case.replace(" ", "-")))
+    first = sorted((run / "shards").glob("*.arrow"))[0]
+    rewrite(run, 0, write_table(CRAFTED[case](read_table(first.read_bytes()), random.Random(0))))
+    for reader, read in READERS.items():
+        with pytest.raises(ShardError, match=r"column 'completion_mask', row \d+") as refused:
+            read(run)
+        assert "w000of001-00000.arrow" in str(refused.value), reader
 
 
 @pytest.mark.slow

@@ -61,8 +61,24 @@ def check_batch(batch: pa.RecordBatch, shard: str, first_row: int, ids: set[str]
             raise _error(shard, name, first_row + _first_true(pc.is_null(column)),
                          "is null, which hubgym's writer never writes")
     _check_times(batch.column("created_at"), shard, first_row)
+    _check_mask(batch, shard, first_row)
     _check_info(batch, shard, first_row)
     _check_unique(batch.column("rollout_id"), shard, first_row, ids)
+
+
+def _check_mask(batch: pa.RecordBatch, shard: str, first_row: int) -> None:
+    """completion_mask marks each completion token 1 (sampled) or 0 (env and tool tokens), one per token: the token
+    audit, replay and the trainer walk the two lists together."""
+    mask, ids = batch.column("completion_mask"), batch.column("completion_ids")
+    uneven = pc.not_equal(pc.list_value_length(mask), pc.list_value_length(ids))
+    if pc.any(uneven).as_py():
+        raise _error(shard, "completion_mask", first_row + _first_true(uneven), "has not one value per completion "
+                     "token (completion_ids)")
+    flat = pc.list_flatten(mask)
+    wrong = pc.invert(pc.is_in(flat, pa.array([0, 1], flat.type)))
+    if pc.any(wrong).as_py():
+        row = pc.list_parent_indices(mask)[_first_true(wrong)].as_py()
+        raise _error(shard, "completion_mask", first_row + row, "holds a value other than 0 and 1")
 
 
 def first_invalid_row(column: pa.Array) -> int:

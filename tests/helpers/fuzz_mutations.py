@@ -218,6 +218,8 @@ CRAFTED: dict[str, Callable[[pa.Table, random.Random], pa.Table]] = {
     "info a huge number": lambda t, r: _set_info(t, r.randrange(t.num_rows), '{"answer": ' + "9" * 5000 + "}"),
     "token id huge": lambda t, r: _set_value(t, "completion_ids", r.randrange(t.num_rows), [2**31 - 1, -5]),
     "logprob NaN": lambda t, r: _set_value(t, "completion_logprobs", r.randrange(t.num_rows), [float("nan")]),
+    "mask value 2": lambda t, r: _mask(t, r.randrange(t.num_rows), lambda mask: [2, *mask[1:]]),
+    "mask one short": lambda t, r: _mask(t, r.randrange(t.num_rows), lambda mask: mask[:-1]),
     "num_turns huge": lambda t, r: _set_value(t, "num_turns", r.randrange(t.num_rows), r.choice([2**31 - 1, -1])),
     "sample negative": lambda t, r: _set_value(t, "sample", r.randrange(t.num_rows), -(2**31)),
     "created_at extreme": lambda t, r: _set(t, "created_at", pa.array(
@@ -228,6 +230,11 @@ CRAFTED: dict[str, Callable[[pa.Table, random.Random], pa.Table]] = {
     "a message role unknown": lambda t, r: _set_value(t, "completion", r.randrange(t.num_rows),
                                                       [{"role": "wizard", "content": "x"}]),
 }
+
+
+def _mask(table: pa.Table, row: int, change: Callable[[list], list]) -> pa.Table:
+    """Row `row`'s completion_mask changed, its completion_ids left as they were."""
+    return _set_value(table, "completion_mask", row, change(table.column("completion_mask")[row].as_py()))
 
 
 def _lie_in(name: str, how: str) -> Callable[[pa.Table, random.Random], pa.Table]:
@@ -309,6 +316,10 @@ def shard_problem(data: bytes, schema: pa.Schema, recorded_rows: int | None, see
             for name in REQUIRED:
                 if batch.column(name).null_count:
                     return f"null {name}"
+            masks = batch.column("completion_mask").to_pylist()
+            for ids, mask in zip(batch.column("completion_ids").to_pylist(), masks):
+                if len(mask) != len(ids) or not set(mask) <= {0, 1}:
+                    return "a completion mask that is not one 0 or 1 a token"
             for text in batch.column("info").storage.to_pylist():
                 json.loads(text)  # as Python reads JSON: NaN is JSON to it, 100,000 levels are not
             ids = batch.column("rollout_id").to_pylist()
