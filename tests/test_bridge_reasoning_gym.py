@@ -135,11 +135,11 @@ def sampled(env: str, sizes: dict[str, int]) -> type:
 
 @pytest.mark.slow
 def test_every_bridged_env_passes_conformance():
-    """Every env, sampled: its default config at 40 train / 10 test rows (the full check of all configs at
-    full size is `hubgym check --source reasoning_gym`); prints the time it took."""
+    """Every env, sampled: its default config at 12 train / 4 test rows, every check on 4 rows a split (the full
+    check of all configs at full size is `hubgym check --source reasoning_gym`); prints the time it took."""
     start, failures = time.perf_counter(), {}
     for entry in rg.FAMILY.entries():
-        messages = failed(check_env(sampled(entry.name, {"train": 40, "test": 10}), max_rows=10))
+        messages = failed(check_env(sampled(entry.name, {"train": 12, "test": 4}), max_rows=4))
         if messages:
             failures[entry.name] = messages[0]
     print(f"conformance of {len(rg.FAMILY.entries())} rg envs: {time.perf_counter() - start:.0f} s")
