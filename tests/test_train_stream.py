@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from hubgym.errors import BadRowError, NoShardsError, SequenceTooLongError
+from hubgym.errors import BadRowError, NoShardsError, SequenceTooLongError, ShardError
 from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import ConfigError
 from hubgym.train.groups import GroupSettings, advantages
@@ -103,14 +103,21 @@ def test_zero_variance_groups_dropped_downweighted_or_kept():
 def test_bad_rows_are_skipped_with_a_named_counted_warning_or_refused_in_strict_mode(tmp_path, field, bad, caplog):
     rows = [{**row("e", 0, 0, 1.0), field: bad}, row("e", 0, 1, 0.0), row("e", 0, 2, 1.0)]
     folder = shards(tmp_path, "r", rows)
+    if field == "completion_mask":  # no writer stores it: a shard holding it is refused whole where it opens
+        with pytest.raises(ShardError, match=r"column 'completion_mask', row 0 has not one value per completion"):
+            list(LocalShards(folder))
+
+    def source():  # rows from another source than shards are held to the same rule, row by row
+        return rows if field == "completion_mask" else LocalShards(folder)
+
     with caplog.at_level(logging.WARNING, logger="hubgym.train"):
-        stream = GroupStream([LocalShards(folder)], GroupSettings(n=2))
+        stream = GroupStream([source()], GroupSettings(n=2))
         groups = list(stream)
     assert [sorted(r["sample"] for r in g.rows) for g in groups] == [[1, 2]]
     assert stream.counts[f"skipped_rows/{field}"] == 1
     assert f"env 'e', rollout 'e-0-0', field '{field}'" in caplog.text
     with pytest.raises(BadRowError, match=f"rollout 'e-0-0', field '{field}'") as info:
-        list(GroupStream([LocalShards(folder)], GroupSettings(n=2, strict=True)))
+        list(GroupStream([source()], GroupSettings(n=2, strict=True)))
     assert (info.value.env, info.value.rollout_id, info.value.field) == ("e", "e-0-0", field)
     assert pickle.loads(pickle.dumps(info.value)).field == field  # crosses process boundaries intact
 
