@@ -11,7 +11,7 @@ within minutes:
 - raw vLLM: import vllm, build `LLM(...)` with the settings hubgym's offline engine uses for this model
   (dtype float32, enforce_eager, the same max_model_len and KV cache), generate one token for one prompt;
 - hubgym: the `hubgym rollout ENV --limit 1 --n 1 --max-tokens 1` command's own path, in phases: import
-  the CLI, resolve the model, open the env and take its task, start the engine (`make_engine`), then the
+  the CLI, resolve the model, open the env and take its task, start the engine (`engine_for`), then the
   run (the first token, scored and written as a one-row shard, and the run manifest).
 
 Reported per model: the median of each phase, the wall time of each process, and the ratio of hubgym's
