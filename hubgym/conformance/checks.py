@@ -353,7 +353,7 @@ def check_scoring_no_errors(ctx: Context) -> None:
 
 
 def _failed_component(verifier: Verifier, task: Task, score: Score) -> str:
-    names = [ANSWER_FOUND] * (verifier.parse_answer is not None) + list(verifier.rewards) + [
+    names = [ANSWER_FOUND] * (verifier.parse_answer is not None) + list(verifier.weights) + [
         "step"] * verifier.multi_turn + ["tool_rewards"] * bool(
         task["interaction"]["tool_rewards"])
     missing = [n for n in names if n not in score.components and not (n == "step" and "steps" in score.components)]
