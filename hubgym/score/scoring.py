@@ -73,8 +73,8 @@ def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch | pa.Table
 
     The fast path of `score_rows` (same output; the tests compare the two on hostile rows): per row, only
     the task and completion its verifier reads are built (columns decoded whole with `to_pylist`, `info`
-    parsed with msgspec) and `Verifier.score` is called; the new columns are then built from the scores in
-    bulk: the metrics as flat numpy arrays laid into Arrow (component names dictionary-encoded), not a dict
+    parsed with msgspec), each env's rows are scored as one batch (`Verifier.score_batch`), and the new
+    columns are built from the scores in bulk: the metrics as flat numpy arrays laid into Arrow (component names dictionary-encoded), not a dict
     per metric. The collector stays paused until every Python object of the batch is freed, so its next
     pass has nothing of the batch to walk."""
     verifiers = {env: load_verifier_of(spec) for env, spec in specs.items()}
@@ -109,7 +109,8 @@ def _new_columns(specs: dict[str, VerifierSpec], verifiers: dict[str, Verifier],
 
 
 def _score_chunk(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str]) -> list[Score]:
-    """Scores of `rows` (none carried): each row's task and completion built from columns decoded whole."""
+    """Scores of `rows` (none carried): each row's task and completion built from columns decoded whole, then each
+    env's rows scored as one batch (`Verifier.score_batch`: its batch rewards get them in one call)."""
     tasks = [{"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
               "info": parse_json(info) if isinstance(info, str) else info}
              for task_id, env, prompt, interaction, info in zip(
@@ -117,22 +118,28 @@ def _score_chunk(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table
                  rows.column("interaction").to_pylist(), rows.column("info").to_pylist())]
     completions = rows.column("completion").to_pylist()
     if len(verifiers) == 1 and not next(iter(verifiers.values())).multi_turn:
-        score = next(iter(verifiers.values())).score
-        return [score(task, completion) for task, completion in zip(tasks, completions)]
+        return next(iter(verifiers.values())).score_batch(tasks, completions)
     return _score_each(verifiers, rows, envs, tasks, completions)
 
 
 def _score_each(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str], tasks: list[dict],
                 completions: list[list[dict]]) -> list[Score]:
-    """Scores of rows of several envs or of multi_turn envs (whose last reply may be cut: `last_reply_cut`)."""
+    """Scores of rows of several envs or of multi_turn envs (whose last reply may be cut: `last_reply_cut`): each
+    env's rows as one batch, put back in row order."""
     multi_turn = any(verifier.multi_turn for verifier in verifiers.values())
     finishes = rows.column("finish_reason").to_pylist() if multi_turn else None
     metrics = rows.column("metrics").to_pylist() if multi_turn else None  # step rewards: multi_turn only
-    scores = []
-    for i, (env, task, completion) in enumerate(zip(envs, tasks, completions)):
+    by_env: dict[str, list[int]] = {}
+    for i, env in enumerate(envs):
+        by_env.setdefault(env, []).append(i)
+    scores: list[Score | None] = [None] * len(envs)
+    for env, indices in by_env.items():
         verifier = verifiers[env]
-        cut = verifier.multi_turn and last_reply_cut(completion, finishes[i], _count(stored_step_rewards(metrics[i])))
-        scores.append(verifier.score(task, completion, cut=cut))
+        cuts = [last_reply_cut(completions[i], finishes[i], _count(stored_step_rewards(metrics[i])))
+                for i in indices] if verifier.multi_turn else None
+        batch = verifier.score_batch([tasks[i] for i in indices], [completions[i] for i in indices], cuts)
+        for i, score in zip(indices, batch):
+            scores[i] = score
     return scores
 
 
