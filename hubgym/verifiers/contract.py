@@ -232,7 +232,7 @@ def _read_parser(module: ModuleType, env: str | None) -> ParseFn | None:
 
 def _read_rewards(module: ModuleType, env: str | None) -> dict[str, tuple[RewardFn, float]]:
     table = getattr(module, "REWARDS", None)
-    if table is None and isinstance(getattr(module, "BATCH_REWARDS", None), dict):
+    if table is None and hasattr(module, "BATCH_REWARDS"):  # batch rewards alone (_read_batch_rewards checks them)
         return {}
     if not isinstance(table, dict) or (not table and not hasattr(module, "step")):
         raise VerifierLoadError(f"verifier {module.__name__!r} has no REWARDS dict", Where(env=env, field="REWARDS"),
@@ -250,6 +250,10 @@ def _read_batch_rewards(module: ModuleType, env: str | None,
         raise VerifierLoadError(f"BATCH_REWARDS of verifier {module.__name__!r} is a {type(table).__name__}, not a "
                                 f"dict", Where(env=env, field="BATCH_REWARDS"),
                                 "declare BATCH_REWARDS = {batch_fn: weight, ...} at module level")
+    if not table and not rewards and not hasattr(module, "step"):
+        raise VerifierLoadError(f"verifier {module.__name__!r} has no rewards: BATCH_REWARDS is empty and there is no "
+                                f"REWARDS", Where(env=env, field="BATCH_REWARDS"),
+                                "declare at least one reward in BATCH_REWARDS = {batch_fn: weight, ...}")
     return _read_table(table, "BATCH_REWARDS", "each batch reward is `def name(tasks, completions) -> list[float]` "
                        "(one float per row, in the order of the rows)", env, rewards)
 
