@@ -63,6 +63,15 @@ BROKEN = {
         "unseeded random generator, the clock, or state kept between calls (it differed in {...} of {...} scorings "
         "of the same trajectory) [env='partial_credit_by_identity' config='default' split='{...}' row='{id}' "
         f"field='verifier']. {SEEDED_FIX}"),
+    "batch_reward_reads_the_batch": (
+        "check_batch_rows_independent: scoring a reply padded with spaces in a batch of 50 rows (all 50 rows in order) "
+        "gave reward 0.0 {'correct': 0.0, 'length': 0.6857142857142857}, but alone it gave reward 0.0 {'correct': "
+        "0.0, 'length': 1.0}; most likely batch reward 'length' computes a row's value from other rows of its batch "
+        "(a mean, a maximum, a rank, a count, a cache by position): the rollout loop scores a group's samples as one "
+        "batch and a re-score scores batches of other sizes and orders, so stored rewards would depend on the batch "
+        "and a re-score would not reproduce them [env='batch_reward_reads_the_batch' config='default' split='train' "
+        "row='{id}' field='length']. Fix: compute each row's value from its own task and completion only "
+        "(vectorizing over the rows is fine; normalizing, ranking or caching across them is not)"),
     "reward_strips_in_place": (
         "check_scoring_leaves_its_inputs: scoring a reply padded with spaces changed the completion it was given "
         "([0].content went from '  <answer> 42 </answer>\\n' to '<answer> 42 </answer>'); the rollout loop scores "

@@ -19,6 +19,7 @@ import datasets
 from hubgym.builders.clock import CHECK_CLOCKS
 from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, TOL, CheckSkipped, Sample, fail,
                                       guarded, short)
+from hubgym.conformance.batches import check_batch_rows_independent
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
 from hubgym.conformance.tools import check_tool_schemas, check_tools_run
 from hubgym.envs.refs import ENV_NAME_RULE, env_name_problem
@@ -504,6 +505,7 @@ CHECKS: list[Callable[[Context], None]] = [
     check_scoring_no_errors,
     check_reward_range,
     check_scoring_deterministic,
+    check_batch_rows_independent,
     check_reset_step_deterministic,
     check_golden_replay,
 ]
