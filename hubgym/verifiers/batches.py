@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -28,7 +29,7 @@ from hubgym.schemas.tasks import Task
 from hubgym.verifiers.rewards import tool_call_reward
 
 if TYPE_CHECKING:
-    from hubgym.verifiers.contract import Score, Verifier
+    from hubgym.verifiers.contract import Verifier
 
 BatchRewardFn = Callable[[list[Task], list[list[Message]]], Sequence[float]]
 ANSWER_FOUND = "answer_found"  # reserved component: weight 0, set from parse_answer
@@ -37,11 +38,23 @@ TOOL_CALLS = "tool_calls"  # reserved component: per-call tool shaping, weight 1
 RESERVED = (ANSWER_FOUND, STEPS, TOOL_CALLS)
 
 
+@dataclass(frozen=True)
+class Score:
+    """The result of scoring one trajectory. `reward` is None exactly when `error` is set."""
+
+    reward: float | None
+    components: dict[str, float]
+    error: RowError | None = None
+
+
+def actions_of(completion: list[Message]) -> list[str]:
+    """Environment actions: assistant turns that are not tool calls, in order."""
+    return [m["content"] or "" for m in completion if m["role"] == "assistant" and not m.get("tool_calls")]
+
+
 def score_rows(verifier: Verifier, tasks: Sequence[Task], completions: Sequence[list[Message]],
                cuts: Sequence[bool] | None = None) -> list[Score]:
     """The Score of each (task, completion, cut) row; see the module docstring for the stages."""
-    from hubgym.verifiers.contract import Score
-
     rows = len(tasks)
     if len(completions) != rows or (cuts is not None and len(cuts) != rows):
         raise ValueError(f"score_batch got {rows} tasks, {len(completions)} completions and "
@@ -53,21 +66,20 @@ def score_rows(verifier: Verifier, tasks: Sequence[Task], completions: Sequence[
     for name, (fn, _) in verifier.batch_rewards.items():
         _batch_reward(verifier, name, fn, tasks, completions, components, errors)
     _episode_and_shaping(verifier, tasks, completions, cuts, components, errors)
-    weights = list(verifier.weights.items())
-    scores = []
-    for row, error in zip(components, errors):
-        if error is not None:
-            scores.append(Score(None, row, error))
-            continue
-        total = 0.0
-        for name, weight in weights:
-            total += weight * row[name]
-        if STEPS in row:
-            total += row[STEPS]
-        if TOOL_CALLS in row:
-            total += row[TOOL_CALLS]
-        scores.append(Score(exact(total), row))
-    return scores
+    return [Score(None, row, error) if error is not None else Score(exact(_total(verifier.weights, row)), row)
+            for row, error in zip(components, errors)]
+
+
+def _total(weights: dict[str, float], row: dict[str, float]) -> float:
+    """weight x value of each reward, then the step rewards and the tool shaping, added in that order."""
+    total = 0.0
+    for name, weight in weights.items():
+        total += weight * row[name]
+    if STEPS in row:
+        total += row[STEPS]
+    if TOOL_CALLS in row:
+        total += row[TOOL_CALLS]
+    return total
 
 
 def exact(value: float) -> float:
@@ -143,8 +155,6 @@ def _check_shape(values: Any, rows: int, name: str) -> None:
 def _episode_and_shaping(verifier: Verifier, tasks: Sequence[Task], completions: Sequence[list[Message]],
                          cuts: Sequence[bool] | None, components: list[dict[str, float]],
                          errors: list[RowError | None]) -> None:
-    from hubgym.verifiers.contract import actions_of
-
     for i, (task, completion) in enumerate(zip(tasks, completions)):
         if errors[i] is not None:
             continue

@@ -52,25 +52,16 @@ from typing import Any, Callable, Sequence
 from hubgym.errors import VerifierLoadError, Where
 from hubgym.files import import_source
 from hubgym.schemas.messages import Message, user
-from hubgym.schemas.rollouts import RowError
 from hubgym.schemas.tasks import Task
 from hubgym.verifiers.batches import RESERVED, BatchRewardFn, score_rows
-from hubgym.verifiers.batches import ANSWER_FOUND, exact, raised_at  # noqa: F401  (part of the contract's surface)
+from hubgym.verifiers.batches import (ANSWER_FOUND, Score, actions_of, exact,  # noqa: F401  (the contract's surface)
+                                      raised_at)
 
 State = Any  # JSON-serializable
 RewardFn = Callable[[Task, list[Message]], float]
 ResetFn = Callable[[Task], tuple[State, str]]
 StepFn = Callable[[Task, State, str], tuple[State, str, float, bool]]
 ParseFn = Callable[[Task, list[Message]], str | None]
-
-
-@dataclass(frozen=True)
-class Score:
-    """The result of scoring one trajectory. `reward` is None exactly when `error` is set."""
-
-    reward: float | None
-    components: dict[str, float]
-    error: RowError | None = None
 
 
 @dataclass(frozen=True)
@@ -103,11 +94,6 @@ class Episode:
             if s.observation:
                 messages.append(user(s.observation))
         return messages
-
-
-def actions_of(completion: list[Message]) -> list[str]:
-    """Environment actions: assistant turns that are not tool calls, in order."""
-    return [m["content"] or "" for m in completion if m["role"] == "assistant" and not m.get("tool_calls")]
 
 
 CUT_FINISHES = ("length", "context_length")  # finish reasons of a reply cut short
