@@ -72,7 +72,7 @@ def rows(draw):
     return task, calls + [assistant(reply)]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(batch=st.lists(rows(), max_size=12))
 def test_a_batch_scores_what_its_rows_score_alone(hybrid, batch):
     verifier = hybrid
