@@ -13,7 +13,7 @@ import copy
 import random
 from typing import TYPE_CHECKING
 
-from hubgym.conformance.common import CheckSkipped, Sample, fail
+from hubgym.conformance.common import CheckSkipped, Sample, fail, same_score, score_summary
 from hubgym.conformance.purity import purity_guard
 from hubgym.schemas import Message
 from hubgym.verifiers.contract import Score
@@ -30,8 +30,6 @@ _FIX = ("compute each row's value from its own task and completion only (vectori
 def check_batch_rows_independent(ctx: Context) -> None:
     """Scored in batches of other sizes and orders, every sampled row scores what it scores alone (verifiers with
     BATCH_REWARDS only)."""
-    from hubgym.conformance.checks import _same_score, _summary
-
     verifier = ctx.verifier
     if not verifier.batch_rewards:
         return
@@ -40,16 +38,16 @@ def check_batch_rows_independent(ctx: Context) -> None:
     for layout in LAYOUTS:
         batches = _batches(layout, rows)
         for i, score in sorted(_scored(ctx, rows, batches).items()):
-            if _same_score(alone[i], score):
+            if same_score(alone[i], score):
                 continue
             sample, size = rows[i][0], len(next(b for b in batches if i in b))
-            if not _same_score(alone[i], _scored(ctx, rows, [[i]])[i]):  # not even alone twice: chance, not the batch
+            if not same_score(alone[i], _scored(ctx, rows, [[i]])[i]):  # not even alone twice: chance, not the batch
                 raise CheckSkipped.because("scores that repeat", "check_scoring_deterministic",
                                            ctx.where(sample.config, sample.split, sample.task["id"]), ctx.check)
             name = next((n for n in verifier.batch_rewards
                          if alone[i].components.get(n) != score.components.get(n)), "BATCH_REWARDS")
             fail(f"scoring {sample.label} in a batch of {size} rows ({layout.format(n=len(rows))}) gave "
-                 f"{_summary(score)}, but alone it gave {_summary(alone[i])}; most likely batch reward {name!r} "
+                 f"{score_summary(score)}, but alone it gave {score_summary(alone[i])}; most likely batch reward {name!r} "
                  f"computes a row's value from other rows of its batch (a mean, a maximum, a rank, a count, a cache "
                  f"by position): the rollout loop scores a group's samples as one batch and a re-score scores "
                  f"batches of other sizes and orders, so stored rewards would depend on the batch and a re-score "

@@ -21,21 +21,33 @@ import math
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from hubgym.schemas.messages import Message
 from hubgym.schemas.rollouts import RowError
 from hubgym.schemas.tasks import Task
 from hubgym.verifiers.rewards import tool_call_reward
 
-if TYPE_CHECKING:
-    from hubgym.verifiers.contract import Verifier
-
 BatchRewardFn = Callable[[list[Task], list[list[Message]]], Sequence[float]]
 ANSWER_FOUND = "answer_found"  # reserved component: weight 0, set from parse_answer
 STEPS = "steps"  # reserved component: a multi_turn episode's summed step rewards, weight 1
 TOOL_CALLS = "tool_calls"  # reserved component: per-call tool shaping, weight 1
 RESERVED = (ANSWER_FOUND, STEPS, TOOL_CALLS)
+
+
+class Verifier(Protocol):
+    """What scoring reads of a loaded verifier (hubgym.verifiers.contract.Verifier)."""
+
+    rewards: dict[str, tuple[Callable[[Task, list[Message]], float], float]]
+    batch_rewards: dict[str, tuple[BatchRewardFn, float]]
+    weights: dict[str, float]
+    parse_answer: Callable[[Task, list[Message]], str | None] | None
+    source_path: Path
+
+    @property
+    def multi_turn(self) -> bool: ...
+
+    def run_episode(self, task: Task, actions: list[str]) -> Any: ...
 
 
 @dataclass(frozen=True)
