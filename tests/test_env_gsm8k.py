@@ -162,7 +162,8 @@ def test_a_batch_checks_each_answer_against_its_own_gold():
     """An answer repeated in a batch is checked once per gold: the same text is right for one row, wrong for
     another; a batch gives what each row gives alone."""
     tasks = [_task("18"), _task("1000"), _task("18"), _task("0.5")]
-    completions = [[assistant(reply)] for reply in ("<answer>18</answer>", "<answer>18</answer>", "18", "<answer>1/2</answer>")]
+    replies = ("<answer>18</answer>", "<answer>18</answer>", "18", "<answer>1/2</answer>")
+    completions = [[assistant(reply)] for reply in replies]
     assert gv.correct(tasks, completions) == [1.0, 0.0, 1.0, 1.0]
     assert gv.correct(tasks, completions) == [gv.correct([t], [c])[0] for t, c in zip(tasks, completions)]
 

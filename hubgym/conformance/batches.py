@@ -47,9 +47,9 @@ def check_batch_rows_independent(ctx: Context) -> None:
             name = next((n for n in verifier.batch_rewards
                          if alone[i].components.get(n) != score.components.get(n)), "BATCH_REWARDS")
             fail(f"scoring {sample.label} in a batch of {size} rows ({layout.format(n=len(rows))}) gave "
-                 f"{score_summary(score)}, but alone it gave {score_summary(alone[i])}; most likely batch reward {name!r} "
-                 f"computes a row's value from other rows of its batch (a mean, a maximum, a rank, a count, a cache "
-                 f"by position): the rollout loop scores a group's samples as one batch and a re-score scores "
+                 f"{score_summary(score)}, but alone it gave {score_summary(alone[i])}; most likely batch reward "
+                 f"{name!r} computes a row's value from other rows of its batch (a mean, a maximum, a rank, a count, "
+                 f"a cache by position): the rollout loop scores a group's samples as one batch and a re-score scores "
                  f"batches of other sizes and orders, so stored rewards would depend on the batch and a re-score "
                  f"would not reproduce them", ctx.where(sample.config, sample.split, sample.task["id"], name), _FIX)
 

@@ -418,12 +418,13 @@ def check_scoring_deterministic(ctx: Context) -> None:
         steady = all(same_score(again[0], b) for b in again)  # the second clock's scores agree among themselves
         if steady and all(same_score(first, ctx.score_under_first_clock(sample)) for _ in range(2)):
             fail(f"scoring {sample.label} under two clocks and time zones ({CHECK_CLOCKS[0]}, then "
-                 f"{CHECK_CLOCKS[1]}) gave {score_summary(first)}, then {score_summary(other)}, and under the first clock again "
-                 f"{score_summary(first)}: the verifier reads the date, the clock or the time zone", where, SCORE_CLOCK_FIX)
+                 f"{CHECK_CLOCKS[1]}) gave {score_summary(first)}, then {score_summary(other)}, and under the first "
+                 f"clock again {score_summary(first)}: the verifier reads the date, the clock or the time zone", where,
+                 SCORE_CLOCK_FIX)
         rate = sum(not same_score(first, b) for b in again)
-        fail(f"scoring {sample.label} twice gave {score_summary(first)}, then {score_summary(other)}; most likely the verifier "
-             f"uses an unseeded random generator, the clock, or state kept between calls (it differed in {rate} of "
-             f"{len(again)} scorings of the same trajectory)", where, SEEDED_FIX)
+        fail(f"scoring {sample.label} twice gave {score_summary(first)}, then {score_summary(other)}; most likely the "
+             f"verifier uses an unseeded random generator, the clock, or state kept between calls (it differed in "
+             f"{rate} of {len(again)} scorings of the same trajectory)", where, SEEDED_FIX)
 
 
 def check_scoring_leaves_its_inputs(ctx: Context) -> None:

@@ -16,8 +16,9 @@ What TRL gets, built against exactly what 1.16's `GRPOTrainer.__init__` takes:
   (REWARDS and BATCH_REWARDS), plus `steps` (multi_turn: the summed step rewards) and `tool_calls` (per-call
   shaping), weight 1 each, and the weight-0 metric `answer_found` where the verifier parses answers. The weighted
   total TRL computes is exactly `Verifier.score`'s reward. TRL's batch is scored once, by `Verifier.score_batch`:
-  a batch reward gets TRL's whole batch in one call, and every function reads its component from that. A verifier that raises gives None from every function, which TRL treats as
-  unscorable (no advantage), never as a reward; the error is kept on the environment for inspection.
+  a batch reward gets TRL's whole batch in one call, and every function reads its component from that. A
+  verifier that raises gives None from every function, which TRL treats as unscorable (no advantage), never as
+  a reward; the error is kept on the environment for inspection.
 - `environment_factory` for tool_use and multi_turn envs (TRL's environment interface is tool calls): each
   instance is one rollout; `reset(**row)` starts it from `hubgym_task` (a multi_turn env's `reset` observation is
   returned, and TRL appends it to the prompt); the env's tools are its methods, each call going through hubgym's
