@@ -5,6 +5,7 @@ suffixes, sampled values) and `{id}` for a content-derived row id.
 """
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -242,3 +243,19 @@ def test_a_check_that_cannot_run_is_reported_as_skipped_not_failed():
         "check_deterministic_rows [env='nondeterministic_rows' config='default']. Fix: fix the "
         "check_deterministic_rows failure first")
     assert [r.check for r in results.values() if r.failed] == ["check_deterministic_rows"]
+
+
+@pytest.mark.slow
+def test_a_batch_reward_drawn_at_random_fails_the_determinism_check_and_skips_the_batch_check(tmp_path):
+    """Scores that change from call to call differ between batches too: that is check_scoring_deterministic's
+    failure, and the batch check says it could not tell (skipped), rather than blaming the batch."""
+    folder = Path(shutil.copytree(ENVS / "batch_reward_reads_the_batch", tmp_path / "batch_reward_reads_the_batch"))
+    source = (folder / "verifier.py").read_text()
+    random_length = ("import random\n\n\ndef length(tasks, completions):\n"
+                     "    return [random.random() for _ in completions]  # the fault: chance\n\n\n")
+    (folder / "verifier.py").write_text(source.replace("BATCH_REWARDS = ", random_length + "BATCH_REWARDS = "))
+    results = {r.check: r for r in check_env(str(folder))}
+    assert [check for check, r in results.items() if r.failed] == ["check_scoring_deterministic"]
+    assert results["check_batch_rows_independent"].status == "skipped"
+    assert results["check_batch_rows_independent"].message.startswith(
+        "check_batch_rows_independent: skipped: needs scores that repeat, which failed in check_scoring_deterministic")
