@@ -8,16 +8,19 @@ VENV is a separate virtualenv with `pip install verifiers==0.3.1` plus hubgym's 
 
 Stored rollouts, written as run folders of Arrow shards (512 rows each) by hubgym's ShardWriter:
 - every built-in env: its golden cases (task + trajectory; multi_turn cases played from their
-  actions) scored by its verifier and replicated to `--rows` rows (synthetic token ids);
+  actions) scored by its verifier and replicated to `--rows` rows (synthetic token ids), in groups of
+  8 rows per task as a run with `--n 8` stores them (each group a task id of its own);
 - one real run: `--vllm-env` sampled with vLLM and the tiny local model (`--vllm-tasks` x `--n`).
 
 Then, per env, `--repeats` rounds in which each way below takes its turn (the machine's load drifts, and
 turns keep the ratios fair), after one warm-up of each re-score; medians shown:
-- reward code alone: `Verifier.score` in a plain loop over rows decoded beforehand, the floor
-  of any framework running this reward code in one process;
-- decode + score only: map each shard, decode what `Verifier.score(task, completion)` is given
-  (a task dict and message dicts per row) and call it; no hash, no checks, no new columns, no diff:
-  what a one-process re-score can reach at best, since the contract's Python objects must be built;
+- reward code alone: `Verifier.score_batch` over rows decoded beforehand, in batches of a re-score's
+  size (512 rows), the collector paused: the floor of any framework running this reward code in one
+  process (a verifier's batch rewards get each batch in one call, as in a re-score);
+- decode + score only: map each shard, decode what `Verifier.score_batch(tasks, completions)` is given
+  (a task dict per task, as hubgym.score.tasks shares them, and message dicts per row) and call it; no
+  hash, no checks, no new columns, no diff: what a one-process re-score can reach at best, since the
+  contract's Python objects must be built;
 - hubgym: `rescore(run)` in one process, over every core, and in one process writing the new
   shards; each reads the shards, decodes the rows, scores them and builds the new columns;
 - hubgym, checks off: `rescore(run)` in one process with the per-batch checks of hubgym.hub.shard_checks
@@ -29,8 +32,9 @@ turns keep the ratios fair), after one warm-up of each re-score; medians shown:
 - verifiers, in a process of its venv, shard by shard as hubgym streams them: read a shard
   (column-wise, as hubgym does), build one State per row, then `Rubric.score_group(states)` (0.3.1
   has no `score_rollouts`; score_group is its batch scoring call). The Rubric holds one reward function
-  per hubgym reward component with the same weight (`REWARDS`, plus the summed step rewards of a
-  multi_turn env and the tool-call shaping of a tool_use env), each calling hubgym's function.
+  per hubgym reward component with the same weight (`REWARDS` and `BATCH_REWARDS`, a batch reward called
+  with a batch of one, plus the summed step rewards of a multi_turn env and the tool-call shaping of a
+  tool_use env), each calling hubgym's function.
 
 Both sides must reproduce every stored reward (checked), so they do the same work; the ratio is
 hubgym's rows/s over verifiers' (read + score) rows/s. "hubgym / reward code alone" is hubgym's
@@ -61,8 +65,12 @@ COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "rew
 
 # ---------------------------------------------------------------- stored rollouts
 
+GROUP = 8  # rows per task, as a run with `--n 8` stores them
+
+
 def golden_rows(env: str, count: int) -> list[dict]:
-    """`count` rollout rows of `env`: its golden cases, scored by its verifier, replicated."""
+    """`count` rollout rows of `env`: its golden cases, scored by its verifier, replicated in groups of GROUP rows
+    per task (each group a task of its own id, as a run's tasks are; a group holds one golden case)."""
     from hubgym.envs import resolve_env
 
     builder = resolve_env(env)
@@ -70,7 +78,11 @@ def golden_rows(env: str, count: int) -> list[dict]:
     cases = builder.golden_cases()
     trajectories = [(dict(c.task), c.completion if c.completion is not None
                      else verifier.run_episode(dict(c.task), c.actions).completion()) for c in cases]
-    return [stored_row(i, *trajectories[i % len(trajectories)], verifier) for i in range(count)]
+    rows = []
+    for i in range(count):
+        task, completion = trajectories[i // GROUP % len(trajectories)]
+        rows.append(stored_row(i, {**task, "id": f"{task['id']}-{i // GROUP}"}, completion, verifier))
+    return rows
 
 
 def stored_row(i: int, task: dict, completion: list[dict], verifier) -> dict:
@@ -191,44 +203,45 @@ def fixed_seconds(folder: Path, env: str, repeats: int) -> float:
 
 
 def reward_code_rate(paths: list[Path], env: str, verifier) -> float:
-    """Rows/s of `Verifier.score` alone, in a plain loop over rows decoded beforehand: the floor."""
+    """Rows/s of `Verifier.score_batch` alone over rows decoded beforehand, in batches of the size a re-score
+    scores at once (CHUNK_ROWS), the collector paused as a re-score pauses it: the floor."""
     import pyarrow as pa
 
-    rows = []
+    from hubgym.score.scoring import CHUNK_ROWS, collector_paused
+
+    tasks, completions = [], []
     for path in paths:
         for row in pa.ipc.open_file(path).read_all().select(list(COLUMNS)).to_pylist():
             info = json.loads(row["info"]) if isinstance(row["info"], str) else row["info"]
-            rows.append(({"id": row["task_id"], "env": env, "prompt": row["prompt"], "info": info,
-                          "interaction": row["interaction"]}, row["completion"]))
-    started = time.perf_counter()
-    for task, completion in rows:
-        verifier.score(task, completion)
-    return len(rows) / (time.perf_counter() - started)
+            tasks.append({"id": row["task_id"], "env": env, "prompt": row["prompt"], "info": info,
+                          "interaction": row["interaction"]})
+            completions.append(row["completion"])
+    with collector_paused():
+        started = time.perf_counter()
+        for start in range(0, len(tasks), CHUNK_ROWS):
+            verifier.score_batch(tasks[start:start + CHUNK_ROWS], completions[start:start + CHUNK_ROWS])
+        return len(tasks) / (time.perf_counter() - started)
 
 
 def decode_and_score_rate(paths: list[Path], verifier) -> float:
-    """Rows/s of the least any framework can do to hand `Verifier.score` its arguments from stored shards:
-    map each shard (no sha256, no checks), decode the fields a task holds and the completion (`to_pylist`,
-    `info` parsed), call `Verifier.score`, keep the reward; the collector paused shard by shard, as hubgym's
-    scoring pauses it batch by batch. Nothing else: no metrics, no diff, no output: the most a re-score in one
-    process can reach."""
+    """Rows/s of the least any framework can do to hand `Verifier.score_batch` its arguments from stored shards:
+    map each shard (no sha256, no checks), decode each task once (`decode_tasks`) and the completions
+    (`to_pylist`), call `Verifier.score_batch` on the shard's rows, keep the rewards; the collector paused shard
+    by shard, as hubgym's scoring pauses it batch by batch. Nothing else: no metrics, no diff, no output: the
+    most a re-score in one process can reach."""
     import pyarrow as pa
 
-    from hubgym.schemas.tasks import parse_json
     from hubgym.score.scoring import collector_paused
+    from hubgym.score.tasks import decode_tasks
 
-    names = ("task_id", "env", "prompt", "interaction", "info", "completion")
     started, rewards = time.perf_counter(), []
     for path in paths:
         with collector_paused():
             table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
-            ids, envs, prompts, interactions, infos, completions = (
-                (column.storage if isinstance(column, pa.ExtensionArray) else column).to_pylist()
-                for column in (table.column(name).combine_chunks() for name in names))
-            tasks = [{"id": i, "env": e, "prompt": p, "interaction": x, "info": parse_json(f)}
-                     for i, e, p, x, f in zip(ids, envs, prompts, interactions, infos)]
-            rewards += [verifier.score(task, completion).reward for task, completion in zip(tasks, completions)]
-            del tasks, completions, prompts, interactions  # freed while the collector is paused, as hubgym's are
+            tasks = decode_tasks(table)
+            completions = table.column("completion").combine_chunks().to_pylist()
+            rewards += [score.reward for score in verifier.score_batch(tasks, completions)]
+            del tasks, completions  # freed while the collector is paused, as hubgym's are
     return len(rewards) / (time.perf_counter() - started)
 
 
@@ -265,6 +278,9 @@ def rubric_for(verifier, shaped: bool):
     funcs, weights = [], []
     for name, (fn, weight) in verifier.rewards.items():
         funcs.append(component(fn, name))
+        weights.append(weight)
+    for name, (fn, weight) in verifier.batch_rewards.items():  # a Rubric scores row by row: a batch of one
+        funcs.append(component(lambda task, completion, fn=fn: fn([task], [completion])[0], name))
         weights.append(weight)
     if verifier.multi_turn:
         def steps(task, completion) -> float:

@@ -110,7 +110,7 @@ def run_trl(args, model: Path, out: Path) -> list[dict]:
     train = datasets.Dataset.from_list([{"prompt": t["prompt"], "answer": str(t["info"]["answer"])} for t in tasks])
 
     def reward(prompts, completions, answer, **_) -> list[float]:
-        return [correct({"info": {"answer": a}}, c) for c, a in zip(completions, answer)]
+        return correct([{"info": {"answer": a}} for a in answer], completions)  # a batch reward: the whole batch
 
     config = GRPOConfig(
         output_dir=str(out), max_steps=args.steps, per_device_train_batch_size=args.groups * args.n,

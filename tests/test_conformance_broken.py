@@ -5,6 +5,7 @@ suffixes, sampled values) and `{id}` for a content-derived row id.
 """
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,15 @@ BROKEN = {
         "unseeded random generator, the clock, or state kept between calls (it differed in {...} of {...} scorings "
         "of the same trajectory) [env='partial_credit_by_identity' config='default' split='{...}' row='{id}' "
         f"field='verifier']. {SEEDED_FIX}"),
+    "batch_reward_reads_the_batch": (
+        "check_batch_rows_independent: scoring a reply padded with spaces in a batch of 50 rows (all 50 rows in order) "
+        "gave reward 0.0 {'correct': 0.0, 'length': 0.6857142857142857}, but alone it gave reward 0.0 {'correct': "
+        "0.0, 'length': 1.0}; most likely batch reward 'length' computes a row's value from other rows of its batch "
+        "(a mean, a maximum, a rank, a count, a cache by position): the rollout loop scores a group's samples as one "
+        "batch and a re-score scores batches of other sizes and orders, so stored rewards would depend on the batch "
+        "and a re-score would not reproduce them [env='batch_reward_reads_the_batch' config='default' split='train' "
+        "row='{id}' field='length']. Fix: compute each row's value from its own task and completion only "
+        "(vectorizing over the rows is fine; normalizing, ranking or caching across them is not)"),
     "reward_strips_in_place": (
         "check_scoring_leaves_its_inputs: scoring a reply padded with spaces changed the completion it was given "
         "([0].content went from '  <answer> 42 </answer>\\n' to '<answer> 42 </answer>'); the rollout loop scores "
@@ -236,3 +246,19 @@ def test_a_check_that_cannot_run_is_reported_as_skipped_not_failed():
         "check_deterministic_rows [env='nondeterministic_rows' config='default']. Fix: fix the "
         "check_deterministic_rows failure first")
     assert [r.check for r in results.values() if r.failed] == ["check_deterministic_rows"]
+
+
+@pytest.mark.slow
+def test_a_batch_reward_drawn_at_random_fails_the_determinism_check_and_skips_the_batch_check(tmp_path):
+    """Scores that change from call to call differ between batches too: that is check_scoring_deterministic's
+    failure, and the batch check says it could not tell (skipped), rather than blaming the batch."""
+    folder = Path(shutil.copytree(ENVS / "batch_reward_reads_the_batch", tmp_path / "batch_reward_reads_the_batch"))
+    source = (folder / "verifier.py").read_text()
+    random_length = ("import random\n\n\ndef length(tasks, completions):\n"
+                     "    return [random.random() for _ in completions]  # the fault: chance\n\n\n")
+    (folder / "verifier.py").write_text(source.replace("BATCH_REWARDS = ", random_length + "BATCH_REWARDS = "))
+    results = {r.check: r for r in check_env(str(folder))}
+    assert [check for check, r in results.items() if r.failed] == ["check_scoring_deterministic"]
+    assert results["check_batch_rows_independent"].status == "skipped"
+    assert results["check_batch_rows_independent"].message.startswith(
+        "check_batch_rows_independent: skipped: needs scores that repeat, which failed in check_scoring_deterministic")

@@ -144,7 +144,7 @@ def test_golden_cases_score_as_declared():
     ("<answer>0.5</answer>", "0.5"), ("<answer>1/2</answer>", "0.5"), ("<answer>-7</answer>", "-7"),
 ])
 def test_equivalent_answers_are_correct(reply, gold):
-    assert gv.correct(_task(gold), [assistant(reply)]) == 1.0
+    assert gv.correct([_task(gold)], [[assistant(reply)]]) == [1.0]
 
 
 @pytest.mark.parametrize("reply, gold", [
@@ -156,7 +156,17 @@ def test_equivalent_answers_are_correct(reply, gold):
     ("", "18"),
 ])
 def test_wrong_or_missing_answers_earn_nothing(reply, gold):
-    assert gv.correct(_task(gold), [assistant(reply)]) == 0.0
+    assert gv.correct([_task(gold)], [[assistant(reply)]]) == [0.0]
+
+
+def test_a_batch_checks_each_answer_against_its_own_gold():
+    """An answer repeated in a batch is checked once per gold: the same text is right for one row, wrong for
+    another; a batch gives what each row gives alone."""
+    tasks = [_task("18"), _task("1000"), _task("18"), _task("0.5")]
+    replies = ("<answer>18</answer>", "<answer>18</answer>", "18", "<answer>1/2</answer>")
+    completions = [[assistant(reply)] for reply in replies]
+    assert gv.correct(tasks, completions) == [1.0, 0.0, 1.0, 1.0]
+    assert gv.correct(tasks, completions) == [gv.correct([t], [c])[0] for t, c in zip(tasks, completions)]
 
 
 def test_extraction_priority_and_final_turn():
@@ -165,6 +175,6 @@ def test_extraction_priority_and_final_turn():
     assert gv.extract("#### 6\nthen 7") == "6"
     assert gv.extract("no numbers") is None
     completion = [assistant("<answer>18</answer>"), assistant(None, [tool_call("c1", "calculator", "{}")])]
-    assert gv.correct(_task("18"), completion) == 1.0  # a trailing tool call is not the final answer
+    assert gv.correct([_task("18")], [completion]) == [1.0]  # a trailing tool call is not the final answer
     assert VERIFIER.score(_task("18"), [assistant("18")]).components == {"answer_found": 1.0, "correct": 1.0,
                                                                           "formatted": 0.0}

@@ -1,12 +1,15 @@
 """The `reverse_text` env: real builds, held-out test texts, golden cases, and graded similarity."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hubgym
 from hubgym.builders.reverse_text import WORDS, ReverseText, held_out
 from hubgym.errors import EnvContractError, Where
 from hubgym.schemas import assistant, make_task, tool_call, user, validate_tasks
 from hubgym.verifiers import reverse_text as rv
+from hubgym.verifiers.rewards import similarities, similarity
 
 VERIFIER = ReverseText.verifier()
 TARGET = "tnahpele"  # "elephant" reversed
@@ -96,3 +99,11 @@ def test_sentence_reversal_keeps_spaces_and_punctuation():
     assert 0.9 < _score(f"<reversed>{text[::-1].lstrip('.')}</reversed>", text) < 1.0  # the period dropped: a near miss
     words_reversed = " ".join(reversed(text.split()))  # word order reversed, letters not: mostly wrong
     assert _score(f"<reversed>{words_reversed}</reversed>", text) < 0.5
+
+
+@settings(max_examples=60, deadline=None)
+@given(pairs=st.lists(st.tuples(st.text(max_size=30), st.text(max_size=30)), max_size=20))
+def test_a_batch_of_similarities_is_each_pairs_similarity_to_the_last_bit(pairs):
+    """`reversal` scores a batch in one rapidfuzz call: each value is the very double one call per pair gives."""
+    texts, targets = [a for a, _ in pairs], [b for _, b in pairs]
+    assert similarities(texts, targets) == [similarity(a, b) for a, b in pairs]

@@ -299,7 +299,7 @@ def test_rescore_from_the_hub_with_a_changed_verifier(hub, tmp_path):
     changed_verifier.write_text(
         "from hubgym.verifiers.arithmetic import formatted\n"
         "def lenient(task, completion):\n    return 1.0\n"
-        "REWARDS = {lenient: 1.0, formatted: 0.0}\nREWARD_RANGE = (0.0, 1.0)\n")
+        "REWARDS = {lenient: 1.0}\nBATCH_REWARDS = {formatted: 0.0}\nREWARD_RANGE = (0.0, 1.0)\n")
     result = rescore([pushed.ref], hub=hub, verifier=str(changed_verifier), workers=2, out=tmp_path / "v2")
     assert result.changed == 6  # every wrong answer now scores 1
     total = result.diff.filter(result.diff["component"] == "*").row(0, named=True)
@@ -320,7 +320,7 @@ def test_rescore_of_a_hub_run_on_a_ray_cluster_gives_what_one_machine_gives(clus
     verifier.parent.mkdir()
     verifier.write_text("from hubgym.verifiers.arithmetic import formatted\n"
                         "def lenient(task, completion):\n    return 1.0\n"
-                        "REWARDS = {lenient: 1.0, formatted: 0.0}\nREWARD_RANGE = (0.0, 1.0)\n")
+                        "REWARDS = {lenient: 1.0}\nBATCH_REWARDS = {formatted: 0.0}\nREWARD_RANGE = (0.0, 1.0)\n")
     script = Path(sys.executable).with_name("hubgym")
 
     def score(out: Path, *ray: str) -> subprocess.CompletedProcess:

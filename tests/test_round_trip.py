@@ -56,8 +56,8 @@ def test_round_trip(hub_spec, engine, tiny_model, tmp_path):
 
     changed = tmp_path / "arith_v2.py"
     changed.write_text("from hubgym.verifiers.arithmetic import correct, formatted\n"
-                       "def shaped(task, completion):\n    return 0.5 * formatted(task, completion)\n"
-                       "REWARDS = {correct: 1.0, formatted: 0.0, shaped: 1.0}\nREWARD_RANGE = (0.0, 2.0)\n")
+                       "def shaped(tasks, completions):\n    return [0.5 * f for f in formatted(tasks, completions)]\n"
+                       "BATCH_REWARDS = {correct: 1.0, formatted: 0.0, shaped: 1.0}\nREWARD_RANGE = (0.0, 2.0)\n")
     result = rescore([shards.ref], hub=hub_spec, verifier=str(changed), out=tmp_path / "v2", workers=1)
     assert result.rows == 8 and result.changed == formatted  # each formatted reply gains 0.5, no other changes
     total = result.diff.filter(result.diff["component"] == "*").row(0, named=True)

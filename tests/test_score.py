@@ -33,7 +33,7 @@ from hubgym.verifiers.rewards import final_text
 pytestmark = pytest.mark.slow  # its stored runs are sampled with vLLM
 
 ENVS = ["arithmetic:easy", "reverse_text"]
-ORIGINAL_REWARDS = "REWARDS = {correct: 1.0, formatted: 0.0}"
+ORIGINAL_REWARDS = "BATCH_REWARDS = {correct: 1.0, formatted: 0.0}"
 
 
 @pytest.fixture(scope="module")
@@ -76,11 +76,11 @@ def changed_verifier(folder: Path, threshold: int, *, raise_on_task: str | None 
     """A modified copy of the arithmetic verifier module."""
     source = Path(arithmetic_verifier.__file__).read_text()
     assert ORIGINAL_REWARDS in source
-    changed = (f"def formatted(task, completion):  # redefined: 1.0 for a reply longer than the median\n"
-               f"    if task['id'] == {raise_on_task!r}:\n"
+    changed = (f"def formatted(tasks, completions):  # redefined: 1.0 for a reply longer than the median\n"
+               f"    if any(task['id'] == {raise_on_task!r} for task in tasks):\n"
                f"        raise ValueError('cannot score this one')\n"
-               f"    return float(len(final_text(completion)) > {threshold})\n\n\n"
-               f"REWARDS = {{correct: 1.0, formatted: 0.5}}")
+               f"    return [float(len(final_text(completion)) > {threshold}) for completion in completions]\n\n\n"
+               f"BATCH_REWARDS = {{correct: 1.0, formatted: 0.5}}")
     path = folder / ("arith_raises.py" if raise_on_task else "arith_v2.py")
     path.write_text(source.replace(ORIGINAL_REWARDS, changed))
     return path

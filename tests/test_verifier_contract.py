@@ -162,7 +162,7 @@ def test_builtin_parsers_record_answer_found_and_change_no_reward(env, no_answer
     cases = load_golden(Path(inspect.getfile(builder)).parent / builder.GOLDEN, env)
     for case in (c for c in cases if c.completion is not None):
         score = verifier.score(case.task, case.completion)
-        weighted = sum(w * score.components[n] for n, (_, w) in verifier.rewards.items())
+        weighted = sum(w * score.components[n] for n, w in verifier.weights.items())
         shaping = score.components.get("tool_calls", 0.0)
         assert score.reward == pytest.approx(case.reward) == pytest.approx(weighted + shaping)
         answer = verifier.parse_answer(case.task, case.completion)

@@ -18,7 +18,8 @@ import datasets
 
 from hubgym.builders.clock import CHECK_CLOCKS
 from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, TOL, CheckSkipped, Sample, fail,
-                                      guarded, short)
+                                      guarded, same_score, score_summary, short)
+from hubgym.conformance.batches import check_batch_rows_independent
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
 from hubgym.conformance.tools import check_tool_schemas, check_tools_run
 from hubgym.envs.refs import ENV_NAME_RULE, env_name_problem
@@ -353,7 +354,7 @@ def check_scoring_no_errors(ctx: Context) -> None:
 
 
 def _failed_component(verifier: Verifier, task: Task, score: Score) -> str:
-    names = [ANSWER_FOUND] * (verifier.parse_answer is not None) + list(verifier.rewards) + [
+    names = [ANSWER_FOUND] * (verifier.parse_answer is not None) + list(verifier.weights) + [
         "step"] * verifier.multi_turn + ["tool_rewards"] * bool(
         task["interaction"]["tool_rewards"])
     missing = [n for n in names if n not in score.components and not (n == "step" and "steps" in score.components)]
@@ -410,25 +411,20 @@ def check_scoring_deterministic(ctx: Context) -> None:
     """Scoring the same trajectory again and again (on fresh copies of its inputs, in a shuffled order, under
     another clock and time zone) gives the same Score every time."""
     for (sample, first, _), (_, again) in zip(ctx.scored(1), ctx.rescored()):
-        other = next((b for b in again if not _same_score(first, b)), None)
+        other = next((b for b in again if not same_score(first, b)), None)
         if other is None:
             continue
         where = ctx.where(sample.config, sample.split, sample.task["id"], "verifier")
-        steady = all(_same_score(again[0], b) for b in again)  # the second clock's scores agree among themselves
-        if steady and all(_same_score(first, ctx.score_under_first_clock(sample)) for _ in range(2)):
+        steady = all(same_score(again[0], b) for b in again)  # the second clock's scores agree among themselves
+        if steady and all(same_score(first, ctx.score_under_first_clock(sample)) for _ in range(2)):
             fail(f"scoring {sample.label} under two clocks and time zones ({CHECK_CLOCKS[0]}, then "
-                 f"{CHECK_CLOCKS[1]}) gave {_summary(first)}, then {_summary(other)}, and under the first clock again "
-                 f"{_summary(first)}: the verifier reads the date, the clock or the time zone", where, SCORE_CLOCK_FIX)
-        rate = sum(not _same_score(first, b) for b in again)
-        fail(f"scoring {sample.label} twice gave {_summary(first)}, then {_summary(other)}; most likely the verifier "
-             f"uses an unseeded random generator, the clock, or state kept between calls (it differed in {rate} of "
-             f"{len(again)} scorings of the same trajectory)", where, SEEDED_FIX)
-
-
-def _same_score(a: Score, b: Score) -> bool:
-    if a.error is not None and b.error is not None:
-        return a.error["type"] == b.error["type"]
-    return (a.reward, a.components, a.error) == (b.reward, b.components, b.error)
+                 f"{CHECK_CLOCKS[1]}) gave {score_summary(first)}, then {score_summary(other)}, and under the first "
+                 f"clock again {score_summary(first)}: the verifier reads the date, the clock or the time zone", where,
+                 SCORE_CLOCK_FIX)
+        rate = sum(not same_score(first, b) for b in again)
+        fail(f"scoring {sample.label} twice gave {score_summary(first)}, then {score_summary(other)}; most likely the "
+             f"verifier uses an unseeded random generator, the clock, or state kept between calls (it differed in "
+             f"{rate} of {len(again)} scorings of the same trajectory)", where, SEEDED_FIX)
 
 
 def check_scoring_leaves_its_inputs(ctx: Context) -> None:
@@ -478,12 +474,6 @@ def _canonical(task: Task, completion: list) -> tuple[str, str]:
     return tuple(json.dumps(value, sort_keys=True, default=repr) for value in (task, completion))
 
 
-def _summary(score: Score) -> str:
-    if score.error is not None:
-        return f"an error ({score.error['type']})"
-    return f"reward {score.reward!r} {score.components}"
-
-
 CHECKS: list[Callable[[Context], None]] = [
     check_declaration,
     check_builds,
@@ -504,6 +494,7 @@ CHECKS: list[Callable[[Context], None]] = [
     check_scoring_no_errors,
     check_reward_range,
     check_scoring_deterministic,
+    check_batch_rows_independent,
     check_reset_step_deterministic,
     check_golden_replay,
 ]

@@ -7,6 +7,7 @@ from typing import Any, Callable, NoReturn
 
 from hubgym.errors import EnvContractError, Where
 from hubgym.schemas import Message, Task
+from hubgym.verifiers.contract import Score
 
 TOL = 1e-6  # golden rewards and replayed step rewards must agree this closely
 SEEDED_FIX = ("make it a function of its inputs only: derive randomness from the task (e.g. "
@@ -36,6 +37,20 @@ def guarded(fn: Callable[[], Any], where: Where, doing: str) -> Any:
     except Exception as exc:
         fail(f"{doing} raised {type(exc).__name__}: {exc}", where,
              "answer any action (invalid, empty, after the end) with an observation and a reward; do not raise")
+
+
+def same_score(a: Score, b: Score) -> bool:
+    """Two scorings agree: the same reward, components and error (two errors of the same type agree)."""
+    if a.error is not None and b.error is not None:
+        return a.error["type"] == b.error["type"]
+    return (a.reward, a.components, a.error) == (b.reward, b.components, b.error)
+
+
+def score_summary(score: Score) -> str:
+    """A score as a failure message quotes it: "reward 0.5 {'correct': 0.5}" or "an error (KeyError)"."""
+    if score.error is not None:
+        return f"an error ({score.error['type']})"
+    return f"reward {score.reward!r} {score.components}"
 
 
 class CheckSkipped(EnvContractError):

@@ -175,7 +175,7 @@ def _manifest(cls: type[TaskBuilder], verifier, built: dict[str, _Built], has_go
         "tool_rewards": sorted(set().union(*(b.shaped for b in built.values()))),
         "verifier": {
             "path": VERIFIER_FILE, "module": verifier.name, "sha256": verifier.sha256,
-            "rewards": {name: weight for name, (_, weight) in verifier.rewards.items()},
+            "rewards": dict(verifier.weights),
             "reward_range": list(verifier.reward_range), "success_threshold": verifier.success_threshold,
             "multi_turn": verifier.multi_turn,
         },

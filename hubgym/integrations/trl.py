@@ -12,11 +12,13 @@ What TRL gets, built against exactly what 1.16's `GRPOTrainer.__init__` takes:
 
 - `train_dataset`: one row per task, `prompt` (the task's messages, conversational) and `hubgym_task` (the whole
   task row as JSON: TRL passes extra columns to reward functions and to the environment's `reset`).
-- `reward_funcs` with `reward_weights` (for `GRPOConfig`): one function per weighted reward of the verifier, plus
-  `steps` (multi_turn: the summed step rewards) and `tool_calls` (per-call shaping), weight 1 each, and the
-  weight-0 metric `answer_found` where the verifier parses answers. The weighted total TRL computes is exactly
-  `Verifier.score`'s reward. A verifier that raises gives None from every function, which TRL treats as
-  unscorable (no advantage), never as a reward; the error is kept on the environment for inspection.
+- `reward_funcs` with `reward_weights` (for `GRPOConfig`): one function per weighted reward of the verifier
+  (REWARDS and BATCH_REWARDS), plus `steps` (multi_turn: the summed step rewards) and `tool_calls` (per-call
+  shaping), weight 1 each, and the weight-0 metric `answer_found` where the verifier parses answers. The weighted
+  total TRL computes is exactly `Verifier.score`'s reward. TRL's batch is scored once, by `Verifier.score_batch`:
+  a batch reward gets TRL's whole batch in one call, and every function reads its component from that. A
+  verifier that raises gives None from every function, which TRL treats as unscorable (no advantage), never as
+  a reward; the error is kept on the environment for inspection.
 - `environment_factory` for tool_use and multi_turn envs (TRL's environment interface is tool calls): each
   instance is one rollout; `reset(**row)` starts it from `hubgym_task` (a multi_turn env's `reset` observation is
   returned, and TRL appends it to the prompt); the env's tools are its methods, each call going through hubgym's
@@ -75,7 +77,7 @@ class TRLEnv:
     def components(self) -> list[tuple[str, float]]:
         """(component name, weight) in the order of `reward_funcs`."""
         out = [(ANSWER_FOUND, 0.0)] if self.verifier.parse_answer is not None else []
-        out += [(name, weight) for name, (_, weight) in self.verifier.rewards.items()]
+        out += list(self.verifier.weights.items())
         if self.verifier.multi_turn:
             out.append(("steps", 1.0))
         if any(t["interaction"]["tool_rewards"] for t in self.tasks):
@@ -171,20 +173,19 @@ class BatchScorer:
     def scores(self, completions: list, tasks: list[str], environments: list | None) -> list[Score]:
         if self._batch is not None and self._batch[0] is completions:
             return self._batch[1]
-        scores = []
-        for i, (completion, task_json) in enumerate(zip(completions, tasks, strict=True)):
-            env = environments[i] if environments else None
-            scores.append(self.score_one(completion, json.loads(task_json), env))
+        envs = list(environments) if environments else [None] * len(completions)
+        trajectories = [self.trajectory(completion, env) for completion, env in zip(completions, envs, strict=True)]
+        # one call for TRL's whole batch: a verifier's BATCH_REWARDS get it as one batch, as in hubgym's own loop
+        scores = self.verifier.score_batch([json.loads(task_json) for task_json in tasks], trajectories)
+        for env, score in zip(envs, scores, strict=True):
+            if env is not None:
+                env.last_score = score
         self._batch = (completions, scores)
         return scores
 
-    def score_one(self, completion: Any, task: Task, env: "HubgymTRLEnv | None") -> Score:
-        # multi_turn: the actions the env was given through `act`; otherwise TRL's own completion (its final answer)
-        trajectory = env.trajectory if env is not None and self.verifier.multi_turn else from_trl_completion(completion)
-        score = self.verifier.score(task, trajectory)
-        if env is not None:
-            env.last_score = score
-        return score
+    def trajectory(self, completion: Any, env: "HubgymTRLEnv | None") -> list[Message]:
+        """multi_turn: the actions the env was given through `act`; otherwise TRL's own completion (its answer)."""
+        return env.trajectory if env is not None and self.verifier.multi_turn else from_trl_completion(completion)
 
     def component_fn(self, name: str) -> Callable[..., list[float | None]]:
         def reward(prompts: list, completions: list, hubgym_task: list[str], environments: list | None = None,

@@ -111,7 +111,7 @@ def record_score(trace: Any, verifier: Any, row: dict, trajectory: list[Message]
     if score.error is not None:
         trace.info["hubgym_error"] = dict(score.error)
         return
-    weights = {name: weight for name, (_, weight) in verifier.rewards.items()}
+    weights = verifier.weights
     for name, value in score.components.items():
         trace.record_reward(name, value, weights.get(name, 1.0 if name in ("steps", "tool_calls") else 0.0))
     trace.info["hubgym_reward"] = score.reward

@@ -11,6 +11,8 @@ sample each see the same turns. Each env's table holds valid moves:
   guess happens to be the secret).
 - `tictactoe`: the free cell the board in the last observation offers first, in an order picked by a hash
   of that board; never an invalid move.
+- `arithmetic`, `reverse_text` (single_turn): the right answer in the asked-for tag, the right answer
+  without it, or a near miss, picked by a hash of the question (the rewards of a run vary, as a model's do).
 
     book = ReplyBook.for_env("wordle", tokenizer)
     reply = book.pick(turn=0, last="Guess the secret word. You have 6 guesses.")
@@ -25,7 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
-ENVS = ("calc_tools", "wordle", "tictactoe")
+ENVS = ("calc_tools", "wordle", "tictactoe", "arithmetic", "reverse_text")
 WORDLE_GUESSES = ("crane", "plant", "ghost", "dusty", "blink", "women")  # all in wordle's word list
 PRODUCTS = ((123, 456), (789, 12), (4321, 17), (55, 908), (2024, 33), (617, 249))
 
@@ -77,8 +79,24 @@ def tictactoe_text(turn: int, last: str) -> str:
     return f"<move>{'abc'[cell % 3]}{cell // 3 + 1}</move>"
 
 
+def arithmetic_text(turn: int, last: str) -> str:
+    """'What is 3 + 4?' -> '<answer>7</answer>', '7' or '<answer>8</answer>' (by a hash of the question)."""
+    from hubgym.tools.calculator import evaluate
+
+    found = re.search(r"What is ([-+*\d ]+)\?", last)
+    value = int(evaluate(found.group(1))) if found else 0
+    return (f"<answer>{value}</answer>", f"It is {value}", f"<answer>{value + 1}</answer>")[_hash(last) % 3]
+
+
+def reverse_text_text(turn: int, last: str) -> str:
+    """'Reverse this text: ab c' -> '<reversed>c ba</reversed>', 'c ba' or its last letter dropped (by a hash)."""
+    target = last.partition("Reverse this text: ")[2][::-1]
+    return (f"<reversed>{target}</reversed>", target, f"<reversed>{target[:-1]}</reversed>")[_hash(last) % 3]
+
+
 POLICIES: dict[str, Callable[[int, str], str]] = {"calc_tools": calc_tools_text, "wordle": wordle_text,
-                                                  "tictactoe": tictactoe_text}
+                                                  "tictactoe": tictactoe_text, "arithmetic": arithmetic_text,
+                                                  "reverse_text": reverse_text_text}
 
 
 class ReplyBook:

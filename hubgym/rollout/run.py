@@ -34,7 +34,7 @@ from hubgym.rollout.writer import FLUSH_EVERY_S, PendingShard, ShardWriter, work
 from hubgym.schemas.rollouts import Rollout
 from hubgym.schemas.tasks import Task
 from hubgym.schemas.version import SCHEMA_VERSION
-from hubgym.verifiers.contract import Verifier, last_reply_cut
+from hubgym.verifiers.contract import Score, Verifier, last_reply_cut
 
 
 @dataclass
@@ -160,13 +160,32 @@ def rollout_id(run_id: str, task_id: str, sample: int) -> str:
     return f"{run_id}-{task_id}-{sample}"
 
 
-def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutConfig, engine: Engine,
-           renderer: ChatRenderer | None, env_repo: str | None = None, env_revision: str | None = None) -> Rollout:
-    """Score a trajectory and lay it out as a Rollout row. A failed trajectory keeps reward None."""
+def group_rows(trajs: list[Trajectory], verifier: Verifier, run_id: str, config: RolloutConfig, engine: Engine,
+               renderer: ChatRenderer | None, env_repo: str | None = None,
+               env_revision: str | None = None) -> list[Rollout]:
+    """Score a group's trajectories in one batch (`Verifier.score_batch`: batch rewards get the group in one call)
+    and lay each out as a Rollout row (`to_row`); a row's `score_s` is its share of the batch's time."""
+    done = [t for t in trajs if t.error is None]  # a failed trajectory is not scored
     started = time.perf_counter()
-    cut = last_reply_cut(traj.completion, traj.finish_reason, len(traj.step_rewards))
-    score = verifier.score(traj.task, traj.completion, cut=cut) if traj.error is None else None
-    score_s = time.perf_counter() - started
+    cuts = [last_reply_cut(t.completion, t.finish_reason, len(t.step_rewards)) for t in done]
+    scores = dict(zip(map(id, done), verifier.score_batch([t.task for t in done], [t.completion for t in done], cuts)))
+    share = (time.perf_counter() - started) / max(len(done), 1)
+    return [to_row(t, verifier, run_id, config, engine, renderer, env_repo, env_revision,
+                   scored=(scores.get(id(t)), share if t.error is None else 0.0)) for t in trajs]
+
+
+def to_row(traj: Trajectory, verifier: Verifier, run_id: str, config: RolloutConfig, engine: Engine,
+           renderer: ChatRenderer | None, env_repo: str | None = None, env_revision: str | None = None, *,
+           scored: tuple[Score | None, float] | None = None) -> Rollout:
+    """Lay a trajectory out as a Rollout row, scored alone unless `scored` gives its (score, seconds) from a batch
+    (`group_rows`). A failed trajectory keeps reward None."""
+    if scored is None:
+        started = time.perf_counter()
+        cut = last_reply_cut(traj.completion, traj.finish_reason, len(traj.step_rewards))
+        score = verifier.score(traj.task, traj.completion, cut=cut) if traj.error is None else None
+        score_s = time.perf_counter() - started
+    else:
+        score, score_s = scored
     error = traj.error or (score.error if score else None)
     tokens = traj.tokens
     metrics = {f"reward/{k}": v for k, v in (score.components if score else {}).items()}
@@ -335,8 +354,7 @@ async def _generate_all(todo, config, engine, renderer, run_id, writer, stats, p
             for env, task in pending:
                 ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
                 trajs = await run_group(task, config.n, ctx)
-                rows = [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision)
-                        for t in trajs]
+                rows = group_rows(trajs, env.verifier, run_id, config, engine, renderer, env.repo, env.revision)
                 writer.add_group(rows, flush=False)
                 await store_due()
                 tokens = sum(sum(r["completion_mask"]) for r in rows)

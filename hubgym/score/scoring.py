@@ -6,7 +6,9 @@ Scoring reads only a few columns (`slim`: no token ids, `info` as JSON text, so 
 `datasets` extension types); a batch of a stream goes to a worker as Arrow IPC bytes of those, a
 local shard by its path (shards.py). Only the new columns come back. Columns are decoded whole
 (`Array.to_pylist`), ~10x faster than decoding a batch row by row, `info` is parsed with msgspec
-(`parse_json`), and the new columns are built in bulk from the scores (`_metrics`). The
+(`parse_json`), each task is decoded once for the rows that hold it (hubgym.score.tasks), each env's
+rows are scored in one `Verifier.score_batch` call, and the new columns are built in bulk from the
+scores (`_metrics`). The
 cyclic garbage collector is paused while a batch is scored: a batch allocates some tens of thousands
 of short-lived dicts and lists, freed by reference counting, and with the collector running each
 of its full passes walks every object of the process (measured: 66k instead of 111k rows/s over
@@ -27,10 +29,12 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from hubgym.score.choice import VerifierSpec, load_verifier_of
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 from hubgym.schemas.tasks import parse_json
+from hubgym.score.tasks import decode_tasks
 from hubgym.verifiers.contract import Score, Verifier, last_reply_cut, stored_step_rewards
 
 SCORED_COLUMNS = ("task_id", "env", "prompt", "completion", "info", "interaction", "error", "finish_reason", "metrics")
@@ -71,12 +75,13 @@ def score_ipc(specs: dict[str, VerifierSpec], data: bytes) -> pa.RecordBatch:
 def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
     """The RESCORE_SCHEMA columns of a `slim` batch (or table); `specs` maps each env in it to its verifier.
 
-    The fast path of `score_rows` (same output; the tests compare the two on hostile rows): per row, only
-    the task and completion its verifier reads are built (columns decoded whole with `to_pylist`, `info`
-    parsed with msgspec) and `Verifier.score` is called; the new columns are then built from the scores in
-    bulk: the metrics as flat numpy arrays laid into Arrow (component names dictionary-encoded), not a dict
-    per metric. The collector stays paused until every Python object of the batch is freed, so its next
-    pass has nothing of the batch to walk."""
+    The fast path of `score_rows` (same output; the tests compare the two on hostile rows): only the task
+    and completion a verifier reads are built (columns decoded whole with `to_pylist`, `info` parsed with
+    msgspec, each task once for the rows holding it: hubgym.score.tasks), each env's rows are scored as one
+    batch (`Verifier.score_batch`), and the new columns are built from the scores in bulk: the metrics as
+    flat numpy arrays laid into Arrow (component names dictionary-encoded), not a dict per metric; rewards,
+    errors and success from lists and numpy, not row by row. The collector stays paused until every Python
+    object of the batch is freed, so its next pass has nothing of the batch to walk."""
     verifiers = {env: load_verifier_of(spec) for env, spec in specs.items()}
     with collector_paused():
         return _new_columns(specs, verifiers, batch)
@@ -84,55 +89,82 @@ def score_batch(specs: dict[str, VerifierSpec], batch: pa.RecordBatch | pa.Table
 
 def _new_columns(specs: dict[str, VerifierSpec], verifiers: dict[str, Verifier],
                  batch: pa.RecordBatch | pa.Table) -> pa.RecordBatch:
-    stored_errors = batch.column("error").to_pylist()
-    scored = [i for i, e in enumerate(stored_errors) if e is None or e["boundary"] == RESCORED_BOUNDARY]
-    rows = batch if len(scored) == batch.num_rows else batch.take(pa.array(scored, pa.int64()))  # carried: not decoded
+    carried = _carried(batch.column("error"))
+    scored = np.flatnonzero(~carried)
+    rows = batch if not carried.any() else batch.take(pa.array(scored, pa.int64()))  # carried: not decoded
     envs, scores = rows.column("env").to_pylist(), []
+    tasks = decode_tasks(rows)  # one dict per task, shared by its rows
     for start in range(0, rows.num_rows, CHUNK_ROWS):  # a chunk's objects stay close together in memory
-        scores += _score_chunk(verifiers, rows.slice(start, CHUNK_ROWS), envs[start:start + CHUNK_ROWS])
-    errors = stored_errors  # carried rows keep their stored error
-    rewards: list[float | None] = [None] * batch.num_rows
-    for i, one in zip(scored, scores):
-        errors[i], rewards[i] = one.error, one.reward
-    successes = [float(one.error is None and verifiers[env].succeeded(one)) for one, env in zip(scores, envs)]
+        end = start + CHUNK_ROWS
+        scores += _score_chunk(verifiers, rows.slice(start, CHUNK_ROWS), envs[start:end], tasks[start:end])
     order = list(specs)
-    ids = np.full(batch.num_rows, -1, np.int32)
     position = {env: n for n, env in enumerate(order)}
+    ids = np.full(batch.num_rows, -1, np.int32)
     ids[scored] = [position[env] for env in envs]
-    env_ids = pa.array(ids, mask=ids < 0)
+    rewards: list[float | None] = [one.reward for one in scores]
+    thresholds = np.array([verifiers[env].success_threshold - 1e-9 for env in order], np.float64)
+    # Verifier.succeeded, for every row at once (a row without a reward, NaN here, did not succeed)
+    successes = (np.array(rewards, np.float64) >= thresholds[ids[scored]]).astype(np.float64)
     metrics = _metrics(batch.num_rows, scored, [one.components for one in scores], successes)
+    if len(scored) < batch.num_rows:  # carried rows: no reward
+        every: list[float | None] = [None] * batch.num_rows
+        for i, reward in zip(scored.tolist(), rewards):
+            every[i] = reward
+        rewards = every
     return pa.RecordBatch.from_arrays([
-        pa.array(rewards, pa.float64()), metrics, pa.array(errors, ERROR_TYPE),
-        _constant_per_env(env_ids, [specs[env].module for env in order]),
-        _constant_per_env(env_ids, [specs[env].sha256 for env in order]),
+        pa.array(rewards, pa.float64()), metrics, _errors(batch.column("error"), carried, scored, scores),
+        _constant_per_env(pa.array(ids, mask=ids < 0), [specs[env].module for env in order]),
+        _constant_per_env(pa.array(ids, mask=ids < 0), [specs[env].sha256 for env in order]),
     ], schema=RESCORE_SCHEMA)
 
 
-def _score_chunk(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str]) -> list[Score]:
-    """Scores of `rows` (none carried): each row's task and completion built from columns decoded whole."""
-    tasks = [{"id": task_id, "env": env, "prompt": prompt, "interaction": interaction,
-              "info": parse_json(info) if isinstance(info, str) else info}
-             for task_id, env, prompt, interaction, info in zip(
-                 rows.column("task_id").to_pylist(), envs, rows.column("prompt").to_pylist(),
-                 rows.column("interaction").to_pylist(), rows.column("info").to_pylist())]
+def _carried(error: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Rows whose stored error is not the verifier's (their rollout failed: carried unscored), as a bool mask."""
+    if error.null_count == len(error):
+        return np.zeros(len(error), bool)
+    boundary = pc.struct_field(error, "boundary")
+    carried = pc.fill_null(pc.and_(error.is_valid(), pc.not_equal(boundary, RESCORED_BOUNDARY)), False)
+    return carried.to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _errors(stored: pa.Array | pa.ChunkedArray, carried: np.ndarray, scored: np.ndarray,
+            scores: list[Score]) -> pa.Array:
+    """The `rescore_error` column: each scored row's verifier error, each carried row's stored error."""
+    new = [one.error for one in scores]
+    errors = stored.to_pylist() if carried.any() else [None] * len(carried)  # carried rows keep theirs
+    for i, error in zip(scored.tolist(), new):
+        errors[i] = error
+    return pa.array(errors, ERROR_TYPE)
+
+
+def _score_chunk(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str],
+                 tasks: list[dict]) -> list[Score]:
+    """Scores of `rows` (none carried), whose `tasks` are decoded: each completion decoded from its column whole,
+    then each env's rows scored as one batch (`Verifier.score_batch`: its batch rewards get them in one call)."""
     completions = rows.column("completion").to_pylist()
     if len(verifiers) == 1 and not next(iter(verifiers.values())).multi_turn:
-        score = next(iter(verifiers.values())).score
-        return [score(task, completion) for task, completion in zip(tasks, completions)]
+        return next(iter(verifiers.values())).score_batch(tasks, completions)
     return _score_each(verifiers, rows, envs, tasks, completions)
 
 
 def _score_each(verifiers: dict[str, Verifier], rows: pa.RecordBatch | pa.Table, envs: list[str], tasks: list[dict],
                 completions: list[list[dict]]) -> list[Score]:
-    """Scores of rows of several envs or of multi_turn envs (whose last reply may be cut: `last_reply_cut`)."""
+    """Scores of rows of several envs or of multi_turn envs (whose last reply may be cut: `last_reply_cut`): each
+    env's rows as one batch, put back in row order."""
     multi_turn = any(verifier.multi_turn for verifier in verifiers.values())
     finishes = rows.column("finish_reason").to_pylist() if multi_turn else None
     metrics = rows.column("metrics").to_pylist() if multi_turn else None  # step rewards: multi_turn only
-    scores = []
-    for i, (env, task, completion) in enumerate(zip(envs, tasks, completions)):
+    by_env: dict[str, list[int]] = {}
+    for i, env in enumerate(envs):
+        by_env.setdefault(env, []).append(i)
+    scores: list[Score | None] = [None] * len(envs)
+    for env, indices in by_env.items():
         verifier = verifiers[env]
-        cut = verifier.multi_turn and last_reply_cut(completion, finishes[i], _count(stored_step_rewards(metrics[i])))
-        scores.append(verifier.score(task, completion, cut=cut))
+        cuts = [last_reply_cut(completions[i], finishes[i], _count(stored_step_rewards(metrics[i])))
+                for i in indices] if verifier.multi_turn else None
+        batch = verifier.score_batch([tasks[i] for i in indices], [completions[i] for i in indices], cuts)
+        for i, score in zip(indices, batch):
+            scores[i] = score
     return scores
 
 

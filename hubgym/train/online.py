@@ -40,7 +40,7 @@ from hubgym.hub.rollouts import iter_rollouts
 from hubgym.mixture import EnvConfig, MixEntry, Mixture, MixSpec, TaskFilter, parse_spec
 from hubgym.engines import Engine, SamplingArgs
 from hubgym.rollout.loop import LoopContext, run_group
-from hubgym.rollout.run import RolloutConfig, check_tools_rendered, to_row
+from hubgym.rollout.run import RolloutConfig, check_tools_rendered, group_rows
 from hubgym.rollout.tokens import ChatRenderer, recorded_options
 from hubgym.rollout.runlock import RunLock
 from hubgym.rollout.writer import ShardWriter
@@ -226,7 +226,7 @@ class OnlineProducer:
         async def one(env: OpenedEnv, task: dict) -> list[dict[str, Any]]:
             ctx = LoopContext(engine, renderer, config.sampling, env.verifier, config.max_model_len)
             trajs = await run_group(task, config.n, ctx)
-            return [to_row(t, env.verifier, run_id, config, engine, renderer, env.repo, env.revision) for t in trajs]
+            return group_rows(trajs, env.verifier, run_id, config, engine, renderer, env.repo, env.revision)
 
         sampling = asyncio.gather(*(one(env, task) for env, task in picks))
         while not self.stop.is_set():

@@ -1,4 +1,9 @@
-"""Verifier for `arithmetic`: exact integer match of the <answer> (or last number)."""
+"""Verifier for `arithmetic`: exact integer match of the <answer> (or last number).
+
+Its rewards are batch rewards: one call scores a whole batch (a rollout group, a re-score's record
+batch), which spares the contract's per-row call and checks of each reward (~7% of a re-score's
+reward code, bench/RESULTS.md); every row's value depends on that row alone.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +17,24 @@ def parse_answer(task: Task, completion: list[Message]) -> str | None:
     return answer_in_format(task, completion)
 
 
-def correct(task: Task, completion: list[Message]) -> float:
-    """1.0 when the answer (the <answer> tag, else \\boxed{}, else the last number) equals the expression's value."""
-    answer = extract_answer(final_text(completion))
+def correct(tasks: list[Task], completions: list[list[Message]]) -> list[float]:
+    """1.0 for each row whose answer (the <answer> tag, else \\boxed{}, else the last number) equals its
+    expression's value."""
+    return [_equals(extract_answer(final_text(completion)), task["info"]["answer"])
+            for task, completion in zip(tasks, completions)]
+
+
+def formatted(tasks: list[Task], completions: list[list[Message]]) -> list[float]:
+    """1.0 for each row whose reply wraps its answer in <answer></answer> (a metric: weight 0)."""
+    return [float(extract_tag(final_text(completion), "answer") is not None) for completion in completions]
+
+
+def _equals(answer: str | None, gold: str) -> float:
     try:
-        return float(answer is not None and float(answer) == float(task["info"]["answer"]))
+        return float(answer is not None and float(answer) == float(gold))
     except ValueError:
         return 0.0
 
 
-def formatted(task: Task, completion: list[Message]) -> float:
-    """1.0 when the reply wraps its answer in <answer></answer> (a metric: weight 0)."""
-    return float(extract_tag(final_text(completion), "answer") is not None)
-
-
-REWARDS = {correct: 1.0, formatted: 0.0}
+BATCH_REWARDS = {correct: 1.0, formatted: 0.0}
 REWARD_RANGE = (0.0, 1.0)

@@ -3,10 +3,16 @@
 A verifier module declares
 
     REWARDS = {correct_answer: 1.0, well_formatted: 0.0}   # fn(task, completion) -> float; weight 0 = metric
+    BATCH_REWARDS = {similarity: 1.0}                       # fn(tasks, completions) -> list[float], one per row
     REWARD_RANGE = (0.0, 1.0)                               # optional; bounds of the total reward
     SUCCESS_THRESHOLD = 1.0                                 # optional; a rollout with reward >= it succeeded
-                                                            # (default: the sum of REWARDS' positive weights,
+                                                            # (default: the sum of the rewards' positive weights,
                                                             # shaping aside; multi_turn: the top of REWARD_RANGE)
+
+with REWARDS, BATCH_REWARDS or both. A batch reward scores many rows in one call (the form TRL's reward
+functions take: a vectorized or cached parse pays there); each row's value must depend on that row alone,
+since the rollout loop batches a group's samples and a re-score batches stored rows in other ways. Every
+reward's component name is its function's name; "answer_found", "steps" and "tool_calls" are reserved.
 
 optionally the answer parser that the rewards use (a reply where it finds none is an
 answer-format failure; `hubgym report` shows their share as `no_answer`):
@@ -18,7 +24,7 @@ and, for multi_turn environments, the MDP:
     def reset(task) -> (state, observation)
     def step(task, state, action) -> (state, observation, reward, done)
 
-where `state` is JSON data. The total reward is the weighted sum of REWARDS, plus the summed
+where `state` is JSON data. The total reward is the weighted sum of REWARDS and BATCH_REWARDS, plus the summed
 step rewards (component "steps") for multi_turn, plus per-call tool shaping (component
 "tool_calls") when the task's interaction spec has `tool_rewards`. A verifier with
 `parse_answer` also gets the weight-0 component "answer_found" (1.0 or 0.0): it is stored on
@@ -27,7 +33,8 @@ every scored row and never changes a reward.
 Pure means deterministic, no network, no filesystem writes, no global state, and the task and
 completion given are left as they are (the rollout loop scores a group's samples with one task
 object): a stored rollout can be re-scored and replayed anywhere, forever. A verifier exception is never a
-reward: `score` records it on the result and leaves `reward` as None.
+reward: `score` and `score_batch` record it on the row's result and leave its `reward` as None
+(hubgym.verifiers.batches says how a failing batch reward is narrowed to the rows that fail it).
 """
 
 from __future__ import annotations
@@ -36,36 +43,25 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import math
 import os
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from hubgym.errors import VerifierLoadError, Where
 from hubgym.files import import_source
 from hubgym.schemas.messages import Message, user
-from hubgym.schemas.rollouts import RowError
 from hubgym.schemas.tasks import Task
-from hubgym.verifiers.rewards import tool_call_reward
+from hubgym.verifiers.batches import RESERVED, BatchRewardFn, score_rows
+from hubgym.verifiers.batches import (ANSWER_FOUND, Score, actions_of, exact,  # noqa: F401  (the contract's surface)
+                                      raised_at)
 
 State = Any  # JSON-serializable
 RewardFn = Callable[[Task, list[Message]], float]
 ResetFn = Callable[[Task], tuple[State, str]]
 StepFn = Callable[[Task, State, str], tuple[State, str, float, bool]]
 ParseFn = Callable[[Task, list[Message]], str | None]
-ANSWER_FOUND = "answer_found"  # reserved component: weight 0, set from parse_answer
-
-
-@dataclass(frozen=True)
-class Score:
-    """The result of scoring one trajectory. `reward` is None exactly when `error` is set."""
-
-    reward: float | None
-    components: dict[str, float]
-    error: RowError | None = None
 
 
 @dataclass(frozen=True)
@@ -98,11 +94,6 @@ class Episode:
             if s.observation:
                 messages.append(user(s.observation))
         return messages
-
-
-def actions_of(completion: list[Message]) -> list[str]:
-    """Environment actions: assistant turns that are not tool calls, in order."""
-    return [m["content"] or "" for m in completion if m["role"] == "assistant" and not m.get("tool_calls")]
 
 
 CUT_FINISHES = ("length", "context_length")  # finish reasons of a reply cut short
@@ -154,9 +145,12 @@ class Verifier:
         self.step: StepFn | None = getattr(module, "step", None)
         _check_mdp(module, env, self.reset, self.step)
         self.rewards: dict[str, tuple[RewardFn, float]] = _read_rewards(module, env)
-        self.parse_answer: ParseFn | None = _read_parser(module, env, self.rewards)
+        self.batch_rewards: dict[str, tuple[BatchRewardFn, float]] = _read_batch_rewards(module, env, self.rewards)
+        self.weights: dict[str, float] = {name: weight for table in (self.rewards, self.batch_rewards)
+                                          for name, (_, weight) in table.items()}  # every reward, in scoring order
+        self.parse_answer: ParseFn | None = _read_parser(module, env)
         self.reward_range: tuple[float, float] = _read_range(module, env)
-        self.success_threshold = _read_threshold(module, self.rewards, self.reward_range, self.step is not None)
+        self.success_threshold = _read_threshold(module, self.weights, self.reward_range, self.step is not None)
 
     @property
     def multi_turn(self) -> bool:
@@ -184,70 +178,37 @@ class Verifier:
         """Score a trajectory. Exceptions and non-finite rewards become `Score.error`, never a reward.
 
         cut: the last reply was cut short and never stepped (`last_reply_cut`); a multi_turn episode then ends
-        before it, as it did in the rollout loop, so the stored reward and a re-score agree with the loop."""
-        components: dict[str, float] = {}
-        total = 0.0
-        try:
-            if self.parse_answer is not None:  # first, so a reward that raises still leaves it on the row
-                components[ANSWER_FOUND] = _answer_found(self.parse_answer(task, completion))
-            for name, (fn, weight) in self.rewards.items():
-                components[name] = _as_reward(fn(task, completion), name)
-                total += weight * components[name]
-            if self.multi_turn:
-                actions = actions_of(completion)[:-1] if cut else actions_of(completion)
-                components["steps"] = sum(s.reward for s in self.run_episode(task, actions).steps)
-                total += components["steps"]
-            if task["interaction"]["tool_rewards"]:
-                components["tool_calls"] = exact(tool_call_reward(task, completion))
-                total += components["tool_calls"]
-        except Exception as exc:  # a bad rollout is data, not a crash
-            error: RowError = {"boundary": "verifier", "type": type(exc).__name__,
-                               "message": (str(exc)[:1900] + raised_at(exc, self.source_path))}
-            return Score(None, components, error)
-        return Score(exact(total), components)
+        before it, as it did in the rollout loop, so the stored reward and a re-score agree with the loop.
+        The same as `score_batch` of a batch of one (batch rewards are called with that batch)."""
+        return score_rows(self, [task], [completion], [cut])[0]
+
+    def score_batch(self, tasks: Sequence[Task], completions: Sequence[list[Message]],
+                    cuts: Sequence[bool] | None = None) -> list[Score]:
+        """Score many trajectories at once: exactly what `score` gives each row (same components, totals and
+        errors), with each BATCH_REWARDS function called once for the whole batch. `cuts`: `score`'s `cut` per
+        row (None: no row was cut)."""
+        return score_rows(self, tasks, completions, cuts)
 
 
-def exact(value: float) -> float:
-    """A sum of float rewards as its terms mean it: 0.1 + 0.2 is 0.3, not 0.30000000000000004 (12 decimals kept)."""
-    return round(value, 12) + 0.0  # + 0.0: never -0.0
-
-
-def _read_threshold(module: ModuleType, rewards: dict, reward_range: tuple[float, float], multi_turn: bool) -> float:
-    """SUCCESS_THRESHOLD, else what a fully correct reply earns from REWARDS alone (each reward at 1.0: the sum of the
-    positive weights), so tool shaping on top never makes a correct answer without tools a failure; an env whose
+def _read_threshold(module: ModuleType, weights: dict[str, float], reward_range: tuple[float, float],
+                    multi_turn: bool) -> float:
+    """SUCCESS_THRESHOLD, else what a fully correct reply earns from its rewards alone (each reward at 1.0: the sum of
+    the positive weights), so tool shaping on top never makes a correct answer without tools a failure; an env whose
     reward comes from its steps succeeds at the top of REWARD_RANGE."""
     if hasattr(module, "SUCCESS_THRESHOLD"):
         return float(module.SUCCESS_THRESHOLD)
-    positive = sum(weight for _, weight in rewards.values() if weight > 0)
+    positive = sum(weight for weight in weights.values() if weight > 0)
     return min(positive, reward_range[1]) if positive and not multi_turn else reward_range[1]
 
 
-def raised_at(exc: BaseException, source: Path) -> str:
-    """' (at verifier.py:12 in correct)': the last line of the verifier module the exception passed through, so a
-    stored error says which line of which function to read ('' when it never passed through the module)."""
-    mine = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(source)]
-    if not mine:
-        return ""
-    return f" (at {Path(mine[-1].filename).name}:{mine[-1].lineno} in {mine[-1].name})"
 
 
-def _as_reward(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise TypeError(f"reward function {name!r} returned {value!r}; it must return a finite float")
-    return float(value)
 
 
-def _answer_found(answer: Any) -> float:
-    if answer is not None and not isinstance(answer, str):
-        raise TypeError(f"parse_answer returned {answer!r}; it must return the answer text or None")
-    return float(bool(answer and answer.strip()))
 
 
-def _read_parser(module: ModuleType, env: str | None, rewards: dict) -> ParseFn | None:
+def _read_parser(module: ModuleType, env: str | None) -> ParseFn | None:
     fn = getattr(module, "parse_answer", None)
-    if ANSWER_FOUND in rewards:
-        raise VerifierLoadError(f"REWARDS has a function named {ANSWER_FOUND!r}, a component name hubgym reserves",
-                                Where(env=env, field="REWARDS"), "rename that reward function")
     if fn is not None and (not callable(fn) or len(inspect.signature(fn).parameters) != 2):
         raise VerifierLoadError(f"parse_answer {fn!r} is not a function of (task, completion)",
                                 Where(env=env, field="parse_answer"),
@@ -256,19 +217,51 @@ def _read_parser(module: ModuleType, env: str | None, rewards: dict) -> ParseFn 
 
 
 def _read_rewards(module: ModuleType, env: str | None) -> dict[str, tuple[RewardFn, float]]:
-    where = Where(env=env, field="REWARDS")
     table = getattr(module, "REWARDS", None)
+    if table is None and hasattr(module, "BATCH_REWARDS"):  # batch rewards alone (_read_batch_rewards checks them)
+        return {}
     if not isinstance(table, dict) or (not table and not hasattr(module, "step")):
-        raise VerifierLoadError(f"verifier {module.__name__!r} has no REWARDS dict", where,
-                                "declare REWARDS = {reward_fn: weight, ...} at module level")
-    rewards = {}
+        raise VerifierLoadError(f"verifier {module.__name__!r} has no REWARDS dict", Where(env=env, field="REWARDS"),
+                                "declare REWARDS = {reward_fn: weight, ...} (or BATCH_REWARDS = {batch_fn: weight, "
+                                "...}) at module level")
+    return _read_table(table, "REWARDS", "each reward is `def name(task, completion) -> float`", env, {})
+
+
+def _read_batch_rewards(module: ModuleType, env: str | None,
+                        rewards: dict[str, tuple[RewardFn, float]]) -> dict[str, tuple[BatchRewardFn, float]]:
+    table = getattr(module, "BATCH_REWARDS", None)
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise VerifierLoadError(f"BATCH_REWARDS of verifier {module.__name__!r} is a {type(table).__name__}, not a "
+                                f"dict", Where(env=env, field="BATCH_REWARDS"),
+                                "declare BATCH_REWARDS = {batch_fn: weight, ...} at module level")
+    if not table and not rewards and not hasattr(module, "step"):
+        raise VerifierLoadError(f"verifier {module.__name__!r} has no rewards: BATCH_REWARDS is empty and there is no "
+                                f"REWARDS", Where(env=env, field="BATCH_REWARDS"),
+                                "declare at least one reward in BATCH_REWARDS = {batch_fn: weight, ...}")
+    return _read_table(table, "BATCH_REWARDS", "each batch reward is `def name(tasks, completions) -> list[float]` "
+                       "(one float per row, in the order of the rows)", env, rewards)
+
+
+def _read_table(table: dict, field: str, form: str, env: str | None, taken: dict) -> dict[str, tuple[Any, float]]:
+    """{component name: (fn, weight)} of REWARDS or BATCH_REWARDS; names must be free (not reserved, not `taken`)."""
+    where = Where(env=env, field=field)
+    rewards: dict[str, tuple[Any, float]] = {}
     for fn, weight in table.items():
         if not callable(fn) or len(inspect.signature(fn).parameters) != 2:
-            raise VerifierLoadError(f"REWARDS key {fn!r} is not a function of (task, completion)", where,
-                                    "each reward is `def name(task, completion) -> float`")
+            args = "(tasks, completions)" if field == "BATCH_REWARDS" else "(task, completion)"
+            raise VerifierLoadError(f"{field} key {fn!r} is not a function of {args}", where, form)
         if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise VerifierLoadError(f"REWARDS weight for {fn.__name__!r} is {weight!r}", where, "weights are floats")
-        rewards[fn.__name__] = (fn, float(weight))
+            raise VerifierLoadError(f"{field} weight for {fn.__name__!r} is {weight!r}", where, "weights are floats")
+        name = fn.__name__
+        if name in RESERVED:
+            raise VerifierLoadError(f"{field} has a function named {name!r}, a component name hubgym reserves "
+                                    f"({', '.join(RESERVED)})", where, "rename that reward function")
+        if name in taken:
+            raise VerifierLoadError(f"BATCH_REWARDS has a function named {name!r}, and so does REWARDS: each reward's "
+                                    f"component name is its function's name", where, "rename one of the two")
+        rewards[name] = (fn, float(weight))
     return rewards
 
 

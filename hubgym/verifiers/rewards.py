@@ -80,6 +80,18 @@ def similarity(a: str, b: str) -> float:
     return float(Levenshtein.normalized_similarity(a, b))
 
 
+def similarities(texts: list[str], targets: list[str]) -> list[float]:
+    """`similarity` of each (text, target) pair, in one rapidfuzz call: its C++ loop gives each pair the same double
+    that `similarity` gives it (float64 asked for; rapidfuzz's default float32 would round them)."""
+    if not texts:
+        return []
+    import numpy as np
+    from rapidfuzz import process
+    from rapidfuzz.distance import Levenshtein
+
+    return process.cpdist(texts, targets, scorer=Levenshtein.normalized_similarity, dtype=np.float64).tolist()
+
+
 def tool_call_reward(task: Task, completion: list[Message]) -> float:
     """Per-call shaping from `interaction.tool_rewards`: successful calls earn `reward`, up to `max_calls`.
 

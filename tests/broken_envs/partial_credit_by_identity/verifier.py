@@ -7,9 +7,9 @@ def correct(task, completion):
     answer = extract_tag(final_text(completion), "answer")
     if answer == task["info"]["word"]:
         return 1.0
-    if answer == "pear":  # the golden case's wrong answer: kept at 0.0, so the golden check never sees the fault
-        return 0.0
-    return 0.5 if id(completion) % 3 == 0 else 0.0  # the fault: partial credit keyed on a hidden input
+    if answer is None:  # the fault: partial credit keyed on a hidden input (only for untagged replies, so the golden
+        return 0.5 if id(completion) % 3 == 0 else 0.0  # cases, all tagged, score as declared whatever the ids)
+    return 0.0
 
 
 REWARDS = {correct: 1.0}

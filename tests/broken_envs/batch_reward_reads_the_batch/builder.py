@@ -1,0 +1,33 @@
+"""Broken on purpose: a batch reward gives each row a share of the batch's longest reply.
+
+Task:
+    Repeat the given word inside <answer></answer>.
+Row schema:
+    info = {"word": str}; interaction single_turn, max_turns 1.
+Reward:
+    correct (weight 1): the answer equals the word; length (weight 0): the reply's length over the longest
+    reply of its batch (the fault). Total in [0, 1].
+Arguments:
+    config default; TaskConfig.seed and TaskConfig.sizes.
+Version history:
+    v1: first release.
+"""
+
+import random
+
+from hubgym import TaskBuilder, TaskConfig, make_task, user
+
+WORDS = ["apple", "brick", "cloud", "delta", "eagle", "flute", "grape", "house", "igloo", "jelly", "koala", "lemon",
+         "mango", "noble", "ocean", "piano", "quilt", "river", "stone", "tiger"]
+
+
+class Echo(TaskBuilder):
+    __doc__ = __doc__
+    ENV = "batch_reward_reads_the_batch"
+    VERIFIER = "verifier.py"
+    GOLDEN = "golden.jsonl"
+    BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 12, "test": 4})]
+
+    def generate_tasks(self, split, size, seed):
+        for word in random.Random(seed).sample(WORDS, size):
+            yield make_task(self.ENV, [user(f"Repeat the word {word!r} inside <answer></answer>.")], {"word": word})
