@@ -146,9 +146,24 @@ LEGACY_TYPES: dict[str, pa.DataType] = {
 
 
 def column_type_ok(name: str, actual: pa.DataType) -> bool:
-    """Whether a stored column has the rollout schema's type (or an older one `upgrade_batch` reads)."""
-    expected = ROLLOUT_SCHEMA.field(name).type
-    return actual.equals(expected) or (name in LEGACY_TYPES and actual.equals(LEGACY_TYPES[name]))
+    """Whether a stored column has the rollout schema's type (or an older one `upgrade_batch` reads), the names of
+    its list items included."""
+    expected = [ROLLOUT_SCHEMA.field(name).type, *([LEGACY_TYPES[name]] if name in LEGACY_TYPES else [])]
+    return any(actual.equals(t) and _item_names_match(actual, t) for t in expected)
+
+
+def _item_names_match(actual: pa.DataType, expected: pa.DataType) -> bool:
+    """Arrow calls two list types equal whatever their item field is named, but a reader that uses the name
+    (polars) meets whatever bytes the file holds there, valid UTF-8 or not."""
+    if pa.types.is_list(expected) or pa.types.is_large_list(expected):
+        try:
+            name = actual.value_field.name
+        except UnicodeDecodeError:
+            return False
+        return name == expected.value_field.name and _item_names_match(actual.value_type, expected.value_type)
+    if pa.types.is_struct(expected):
+        return all(_item_names_match(actual.field(i).type, expected.field(i).type) for i in range(expected.num_fields))
+    return True
 
 
 def upgrade_schema(schema: pa.Schema) -> pa.Schema:
