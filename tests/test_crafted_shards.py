@@ -179,6 +179,25 @@ def test_stored_schema_metadata_is_never_parsed_by_a_reader(good, tmp_path):
     assert len(open_rollouts(run, streaming=False, cache_dir=tmp_path / "ds")) == 2 * ROWS_PER_SHARD
 
 
+@pytest.mark.slow
+def test_a_list_item_named_otherwise_is_refused_by_every_reader_and_report_says_so_in_one_line(good, tmp_path):
+    """Arrow calls list<item: int8> and list<\\x80tem: int8> the same type, but polars panicked (the process died)
+    on a name that is not UTF-8: the fuzzer's find. The names are part of the schema every shard is held to."""
+    run = Path(shutil.copytree(good, tmp_path / "run"))
+    first = sorted((run / "shards").glob("*.arrow"))[0]
+    data = first.read_bytes()
+    footer = data.rindex(b"item")  # the last list column's item name, in the file's footer schema
+    rewrite(run, 0, data[:footer] + b"\x80tem" + data[footer + 4:])
+    for reader, read in READERS.items():
+        with pytest.raises(ShardError, match="does not have the rollout schema") as refused:
+            read(run)
+        assert "w000of001-00000.arrow" in str(refused.value), reader
+    done = subprocess.run([sys.executable, "-m", "hubgym", "report", str(run)], capture_output=True, text=True,
+                          env={**os.environ, "COLUMNS": "300"}, timeout=600)
+    errors = [line for line in done.stdout.splitlines() + done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 1 and len(errors) == 1 and "Traceback" not in done.stderr + done.stdout, done.stderr
+
+
 def with_rewards(good: Path, folder: Path, rewards: list[float], metric: float | None = None) -> Path:
     run = Path(shutil.copytree(good, folder))
     first = sorted((run / "shards").glob("*.arrow"))[0]
