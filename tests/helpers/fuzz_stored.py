@@ -18,7 +18,8 @@ mutant: `hubgym report`, `score` and `replay --model` on the run folders; `score
     valid success    exit code 0 on data the oracle (fuzz_mutations.py) calls valid
     silent success   exit code 0 on data the oracle calls invalid
     traceback        an exception that is not hubgym's one-line error
-    signal           the child died of a signal (a crash in native code); the next child goes on after it
+    signal           the child died of a signal (a crash in native code); the next child goes on after it (a
+                     SIGTERM or SIGKILL, which another process sends, gets the mutant one more run first)
     hang             no answer within --timeout seconds
     fuzzer error     the child died while making the mutant (the fuzzer's own fault, not hubgym's)
 
@@ -49,6 +50,7 @@ from helpers.fuzz_mutations import json_problem, mutate_bytes, mutate_json, muta
 
 OUTCOMES = ("clean error", "valid success", "silent success", "traceback", "signal", "hang", "fuzzer error")
 BAD = ("silent success", "traceback", "signal", "hang", "fuzzer error")
+KILLED = (-signal.SIGTERM, -signal.SIGKILL)  # what another process sends; no crash of the child's own ends so
 RUNS = ("wordle", "calc_tools")
 REPO, ENV_REPO, WORKER = "org/rollouts", "org/wordle", "w000of001"
 TARGETS = {"shard": 40, "hub shard": 12, "run manifest": 12, "index.json": 12, "summary.json": 3,
@@ -333,6 +335,7 @@ class _Follow:
     def __init__(self, seed: int, root: Path, results: Path, timeout: float, bar) -> None:
         self.seed, self.root, self.results, self.timeout, self.bar = seed, root, results, timeout, bar
         self.done: dict[int, dict[str, Any]] = {}
+        self.retried: set[int] = set()  # mutants whose child was killed from outside once
         self.offset = 0
         self.in_flight: int | None = None
         self.running: dict | None = None  # the in-flight mutant's description, once it was made
@@ -346,6 +349,12 @@ class _Follow:
             code = child.poll()
             self._read()
             if code is not None:
+                if self.in_flight is not None and code in KILLED and self.in_flight not in self.retried:
+                    # killed from outside (a crash in the child itself is SIGSEGV, SIGABRT, SIGBUS, ...): the
+                    # mutant runs once more in a fresh child, and a second such death counts as a signal
+                    self.retried.add(self.in_flight)
+                    index, self.in_flight, self.running = self.in_flight, None, None
+                    return index
                 if self.in_flight is not None:
                     name = signal.Signals(-code).name if code < 0 else f"exit code {code}"
                     outcome = "signal" if self.running else "fuzzer error"  # died making the mutant: our bug
@@ -389,7 +398,8 @@ def _child(seed: int, start: int, stop: int, root: Path, results: Path, out: Pat
            "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200"}
     return subprocess.Popen([sys.executable, __file__, "--worker", "--seed", str(seed), "--first", str(start),
                              "--mutants", str(stop - start), "--corpus", str(root), "--out", str(out)],
-                            stdout=log, stderr=subprocess.STDOUT, env=env)
+                            stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)  # a signal to the caller's process group is not the child's
 
 
 def _read_new(path: Path, offset: int) -> tuple[list[dict], int]:
