@@ -94,6 +94,20 @@ def test_a_build_baton_left_by_a_killed_process_is_removed_and_a_live_one_is_nam
         assert not baton.exists()
 
 
+def test_a_baton_this_process_holds_is_its_own_build_not_a_wait(tmp_path, quick_notes):
+    """`make setup` builds the op in the process that watches: it says so, not that it waits for itself."""
+    baton = tmp_path / "op" / "lock"
+    baton.parent.mkdir()
+    fd = os.open(baton, os.O_CREAT | os.O_EXCL)  # as torch's FileBaton, held by this process
+    try:
+        with BatonWatch(baton, "an op being built") as watch:
+            time.sleep(2.5)
+            assert baton.exists() and not watch.taken_over
+    finally:
+        os.close(fd)
+    assert "building an op being built" in quick_notes.text and "waiting for" not in quick_notes.text
+
+
 @pytest.mark.slow
 def test_a_datasets_cache_lock_waited_on_names_its_holder_and_dies_with_it(tmp_path, quick_notes):
     from datasets.utils._filelock import FileLock

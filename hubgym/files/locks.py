@@ -158,7 +158,10 @@ class BatonWatch:
             last = None
             since = since or time.monotonic()
             if not noted and time.monotonic() - since > WAIT_NOTE_S:
-                self.note(f"waiting for {self.what}: {self.baton} is held by {holders_text(holders)}")
+                if holders == [os.getpid()]:  # this process builds it: nothing is waited for
+                    self.note(f"building {self.what}")
+                else:
+                    self.note(f"waiting for {self.what}: {self.baton} is held by {holders_text(holders)}")
                 noted = True
 
 
