@@ -11,8 +11,7 @@ that scores trajectories. `import hubgym` stays light: heavy pieces load on firs
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -46,9 +45,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hubgym' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

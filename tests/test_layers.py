@@ -5,6 +5,7 @@ into the app. The order is written here; a change to it is a design decision, ma
 from __future__ import annotations
 
 import ast
+import importlib
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,12 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
                         break
                 found.append(sorted(component))
     return found
+
+
+@pytest.mark.parametrize("package", sorted({module_of(p) for p in PACKAGE.rglob("__init__.py")
+                                            if "templates" not in p.parts}))
+def test_every_name_a_package_exports_resolves(package):
+    """A lazy export that names a module the name moved out of fails on first use, far from its cause."""
+    module = importlib.import_module(package)
+    missing = [name for name in getattr(module, "__all__", []) if not hasattr(module, name)]
+    assert missing == [], f"{package} exports names it cannot give: {missing}"

@@ -9,8 +9,7 @@ Names load on first use: `hubgym init` does not import datasets.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "scaffold_env": "hubgym.authoring.scaffold", "validate_env_name": "hubgym.authoring.scaffold",
@@ -18,9 +17,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hubgym.authoring' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

@@ -16,8 +16,7 @@ every session, and that must not import datasets.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "CHECKS": "hubgym.conformance.checks",
@@ -28,9 +27,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hubgym.conformance' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

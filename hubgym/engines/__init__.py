@@ -15,8 +15,7 @@ Nothing here imports vLLM, torch or aiohttp until an engine is created.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "Engine": "hubgym.engines.base", "SamplingArgs": "hubgym.engines.base", "Request": "hubgym.engines.base",
@@ -28,9 +27,4 @@ _EXPORTS: dict[str, str] = {
     "EngineError": "hubgym.errors", "RequestError": "hubgym.errors",
 }
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hubgym.engines' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

@@ -20,8 +20,7 @@ Names load on first use: listing envs must not import datasets.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "ENV_NAME": "hubgym.envs.refs", "ENV_NAME_RULE": "hubgym.envs.refs", "EnvRef": "hubgym.envs.refs",
@@ -38,9 +37,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hubgym.envs' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)

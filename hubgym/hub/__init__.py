@@ -14,8 +14,7 @@ Names load on first use: importing one module of the package (its name rules, sa
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "HubBackend": "hubgym.hub.base", "Revision": "hubgym.hub.base", "Snapshot": "hubgym.hub.base",
@@ -29,11 +28,5 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    if name in ("local", "hf", "base", "manifest", "rollouts", "trust", "names", "card", "shards"):
-        return importlib.import_module(f"hubgym.hub.{name}")
-    raise AttributeError(f"module 'hubgym.hub' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS, submodules=("local", "hf", "base", "manifest", "rollouts", "trust",
+                                                                "names", "card", "shards"))

@@ -10,8 +10,7 @@ Names load on first use: nothing here imports torch or transformers until a mode
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from hubgym.files.lazy import lazy_attributes
 
 _EXPORTS: dict[str, str] = {
     "FALLBACK_CONTEXT": "hubgym.models.refs", "context_length": "hubgym.models.refs",
@@ -21,9 +20,4 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'hubgym.models' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _EXPORTS)
