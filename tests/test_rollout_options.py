@@ -45,3 +45,14 @@ def test_a_bad_option_is_one_line_naming_it(item, said):
     with pytest.raises(SettingError) as info:
         with_options(BASE, [item])
     assert said in str(info.value) and "\n" not in str(info.value), str(info.value)
+
+
+def test_engine_settings_are_refused_for_a_server_and_checked_for_the_offline_engine():
+    from hubgym.engines import EngineSettings
+    from hubgym.errors import EngineError
+
+    EngineSettings().check_for("openai")  # the defaults ask nothing of a server
+    with pytest.raises(EngineError, match=r"^vllm.\* settings start a local vLLM engine; with engine openai"):
+        EngineSettings(dtype="bfloat16").check_for("openai")
+    with pytest.raises(EngineError, match=r"^vllm.dtype='fp8' is not a vLLM dtype"):
+        EngineSettings(dtype="fp8").check_for("vllm")

@@ -117,7 +117,7 @@ def rollout(
                                                               seed=seed)), sets)  # every value checked here
     if any(item.strip().startswith("max_model_len=") for item in sets):
         max_model_len = config.max_model_len
-    check_engine_settings(config)
+    config.vllm.check_for(config.engine)  # before any model loads: one line naming the setting
     if config.engine == "openai":  # the model is a name the server knows; its limit is the server's
         if not config.base_url:
             fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: see the README)")
@@ -165,17 +165,6 @@ def check_ray_options(on_ray: bool, workers: int | None, shard_index: int, num_s
     if on_ray and (shard_index, num_shards) != (0, 1):
         fail("--ray gives worker i of --workers N the shard --shard-index i --num-shards N itself: leave out "
              "--shard-index and --num-shards")
-
-
-def check_engine_settings(config) -> None:
-    """The vLLM engine's settings, checked before any model loads (one line naming the option); a server run takes
-    the server's own, so any of them set there is refused."""
-    if config.vllm.is_default():
-        return
-    if config.engine == "openai":
-        fail("vllm.* settings start a local vLLM engine; with --engine openai the server has its own: give them to "
-             "`vllm serve` (--dtype, --gpu-memory-utilization, --tensor-parallel-size)")
-    config.vllm.check(setting="vllm.")
 
 
 def print_options() -> None:

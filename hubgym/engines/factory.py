@@ -28,8 +28,6 @@ def make_engine(kind: str, model: str, *, max_model_len: int | None = 1024, seed
 
         if not base_url:
             raise EngineError("engine 'openai' needs --base-url (e.g. http://127.0.0.1:8000/v1)")
-        if not settings.is_default():
-            raise EngineError(f"engine settings {settings} start a local vLLM engine; a server run takes the "
-                              f"server's own: give them to `vllm serve` instead")
+        settings.check_for(kind)
         return OpenAIEngine(model, base_url, mode=mode, max_model_len=max_model_len or 1024)
     raise EngineError(f"engine is {kind!r}; use one of {', '.join(KINDS)}")

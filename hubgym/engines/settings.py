@@ -38,6 +38,17 @@ class EngineSettings:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def check_for(self, kind: str, setting: str = "vllm.") -> None:
+        """Refuse settings an engine of `kind` cannot use: any at all for a server (it has its own), a value this
+        machine's vLLM cannot take for the offline engine. The one place both rules live."""
+        if self.is_default():
+            return
+        if kind == "openai":
+            raise EngineError(f"{setting}* settings start a local vLLM engine; with engine openai the server has its "
+                              f"own: give them to `vllm serve` (--dtype, --gpu-memory-utilization, "
+                              f"--tensor-parallel-size)")
+        self.check(setting)
+
     def check(self, setting: str = "vllm.") -> None:
         """Refuse a value vLLM cannot use here, naming the setting (`setting` prefixes the names: "vllm." in a
         train config, "--" on the command line). Imports vLLM's platform module (not its engine)."""

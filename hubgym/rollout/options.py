@@ -75,9 +75,9 @@ def with_options(config: RolloutConfig, sets: list[str]) -> RolloutConfig:
 
     if not sets:
         return config
-    data = dataclasses.asdict(config)
+    data, known = dataclasses.asdict(config), [key for key, _, _ in rollout_options()]
     for item in sets:
-        _apply(data, item)
+        _apply(data, item, known)
     try:
         return TypeAdapter(RolloutConfig).validate_python(data)
     except ValidationError as exc:
@@ -88,12 +88,11 @@ def with_options(config: RolloutConfig, sets: list[str]) -> RolloutConfig:
                            f"lists every option)", setting=key) from None
 
 
-def _apply(data: dict, item: str) -> None:
+def _apply(data: dict, item: str, known: list[str]) -> None:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
         raise SettingError(f"--set {item!r}: write key=value, e.g. --set sampling.top_p=0.9", setting=item)
-    known = [k for k, _, _ in rollout_options()]
     if key not in known:
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
