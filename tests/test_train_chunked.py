@@ -123,14 +123,7 @@ def test_the_trainers_loss_on_a_tied_causal_lm_equals_the_whole_logits_loss(caus
     batch = random_batch(torch.Generator().manual_seed(2), model.config.vocab_size, width=40)
     cfg = LossSettings(variant=variant, proximal=proximal, beta=beta, dr_grpo_length=8)
 
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    expected, expected_metrics = whole_logits_loss(logits, batch, cfg)
-    expected.backward()
-    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-
-    loss, metrics = make_loss_fn(cfg)(model, batch)
-    loss.backward()
+    expected, expected_metrics, expected_grads, loss, metrics = both_losses(model, batch, cfg)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     metrics = read_metrics([metrics])[0]
     for key, value in expected_metrics.items():
@@ -138,6 +131,19 @@ def test_the_trainers_loss_on_a_tied_causal_lm_equals_the_whole_logits_loss(caus
     for name, param in model.named_parameters():
         assert torch.allclose(param.grad, expected_grads[name], atol=1e-5), name
     assert model.get_input_embeddings().weight.grad.abs().sum() > 0
+
+
+def both_losses(model, batch, cfg):
+    """(loss on whole logits, its metrics, its gradients, the trainer's loss, its metrics): the trainer's loss is
+    backpropagated, its gradients left on the model."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    expected, expected_metrics = whole_logits_loss(logits, batch, cfg)
+    expected.backward()
+    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    loss, metrics = make_loss_fn(cfg)(model, batch)
+    loss.backward()
+    return expected, expected_metrics, expected_grads, loss, metrics
 
 
 PEAK_SCRIPT = """
@@ -175,13 +181,7 @@ def test_the_other_output_layers_give_the_same_loss_and_gradients(output_layer):
     model = small_llama()
     batch = random_batch(torch.Generator().manual_seed(4), model.config.vocab_size, width=40)
     cfg = LossSettings(variant="grpo", proximal="batch", beta=0.1, output_layer=output_layer)
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    expected, expected_metrics = whole_logits_loss(logits, batch, cfg)
-    expected.backward()
-    expected_grads = {name: p.grad.clone() for name, p in model.named_parameters()}
-    model.zero_grad()
-    loss, metrics = make_loss_fn(cfg)(model, batch)
-    loss.backward()
+    expected, expected_metrics, expected_grads, loss, metrics = both_losses(model, batch, cfg)
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert read_metrics([metrics])[0]["policy/entropy"] == pytest.approx(expected_metrics["policy/entropy"], rel=1e-5)
     for name, param in model.named_parameters():
