@@ -56,3 +56,32 @@ def test_engine_settings_are_refused_for_a_server_and_checked_for_the_offline_en
         EngineSettings(dtype="bfloat16").check_for("openai")
     with pytest.raises(EngineError, match=r"^vllm.dtype='fp8' is not a vLLM dtype"):
         EngineSettings(dtype="fp8").check_for("vllm")
+
+
+@pytest.mark.parametrize("item, said", [
+    ("n=0", "n=0 must be a whole number >= 1"), ("limit=-1", "limit=-1 must be a whole number >= 1"),
+    ("concurrency=0", "concurrency=0 must be a whole number >= 1"),
+    ("max_rows_per_shard=0", "max_rows_per_shard=0 must be a whole number >= 1"),
+    ("shard_index=2", "shard_index=2 must be below num_shards=1"),
+    ("sampling.max_tokens=0", "sampling max_tokens=0 must be a whole number >= 1"),
+    ("flush_every_s=.inf", "flush_every_s=inf must be a finite number of seconds > 0"),
+    ("mode=fast", "mode='fast': use one of tokens, chat, chat_tokens"),
+    ("engine=llama", "engine='llama': use one of vllm, openai"),
+])
+def test_a_value_the_command_line_would_bound_is_refused_however_it_is_set(item, said):
+    """`--set` reaches past typer's bounds: the config holds them itself, for Python callers too."""
+    with pytest.raises(SettingError) as info:
+        with_options(BASE, [item])
+    assert said in str(info.value) and "\n" not in str(info.value), str(info.value)
+    key, _, value = item.partition("=")
+    if "." not in key and key not in ("mode", "engine", "flush_every_s"):
+        with pytest.raises(SettingError, match=said):
+            dataclasses.replace(BASE, **{key: int(value)})
+
+
+def test_pins_set_by_hand_are_held_to_the_pin_rule():
+    from hubgym.errors import VerifierNotTrustedError
+
+    assert with_options(BASE, ["pins={org/x@abc: " + "a" * 64 + "}"]).pins == {"org/x": "sha256:" + "a" * 64}
+    with pytest.raises(VerifierNotTrustedError, match="is not a hub repo"):
+        with_options(BASE, ["pins={a: b}"])

@@ -31,6 +31,9 @@ class SamplingArgs:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and ok(value)):
                 raise SettingError(f"sampling {name}={value!r} must be a finite number {rule}, e.g. "
                                    f"{name}={1.0 if name == 'top_p' else 0.7}", setting=name)
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise SettingError(f"sampling max_tokens={self.max_tokens!r} must be a whole number >= 1, the tokens a "
+                               f"turn may sample, e.g. max_tokens=128", setting="max_tokens")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -15,6 +15,8 @@ from typing import Any
 from hubgym.engines.base import Request, Sample, SamplingArgs
 from hubgym.errors import EngineError, RequestError
 
+MODES = ("tokens", "chat", "chat_tokens")  # token-in completions, the server's chat template, both
+
 class OpenAIEngine:
     """An OpenAI-compatible server over HTTP, in one of three modes:
 
@@ -39,7 +41,7 @@ class OpenAIEngine:
     """
 
     name = "openai"
-    MODES = ("tokens", "chat", "chat_tokens")
+    MODES = MODES
 
     def __init__(self, model: str, base_url: str, *, mode: str = "tokens", api_key: str | None = None,
                  max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 256,

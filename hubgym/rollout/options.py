@@ -84,6 +84,8 @@ def with_options(config: RolloutConfig, sets: list[str]) -> RolloutConfig:
         first = exc.errors()[0]
         key = ".".join(map(str, first["loc"]))
         problem = first["msg"].removeprefix("Value error, ")
+        if not key or first["type"] == "value_error":  # a rule of the config's own: its message names the option
+            raise SettingError(f"--set: {problem} (`hubgym rollout --options` lists every option)") from None
         raise SettingError(f"--set {key}={_value_at(data, first['loc'])!r}: {problem} (`hubgym rollout --options` "
                            f"lists every option)", setting=key) from None
 

@@ -18,16 +18,19 @@ import asyncio
 import datetime as dt
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
 from hubgym.envs import OpenedEnv, open_env
-from hubgym.engines import Engine, EngineSettings, SamplingArgs, make_engine
+from hubgym.envs.pins import parse_pins
+from hubgym.engines import KINDS, Engine, EngineSettings, SamplingArgs, make_engine
+from hubgym.engines.openai_client import MODES
 from hubgym.rollout.interrupt import until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
-from hubgym.errors import ChatFormatError
+from hubgym.errors import ChatFormatError, SettingError
 from hubgym.rollout.parsing import HERMES, check_parser_names
 from hubgym.rollout.tokens import ChatRenderer, audit_tokens, check_chat_template_kwargs, recorded_options
 from hubgym.rollout.writer import FLUSH_EVERY_S, PendingShard, ShardWriter, worker_name
@@ -67,6 +70,30 @@ class RolloutConfig:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)  # passed to every apply_chat_template
     mix: str | None = None  # a mixture spec file (YAML/JSON): draw `tasks` tasks from it instead of `envs`
     tasks: int | None = None  # with `mix`: how many tasks to draw (no task twice)
+
+    def __post_init__(self) -> None:
+        """What the command line bounds, held here for every way a config is made (`--set`, Python, Ray): a
+        value that would sample nothing, write nothing or never end is one SettingError naming it."""
+        at_least = {"n": 1, "limit": 1, "tasks": 1, "max_model_len": 16, "num_shards": 1, "shard_index": 0,
+                    "max_rows_per_shard": 1, "concurrency": 1, "policy_version": 0}
+        for name, low in at_least.items():
+            value = getattr(self, name)
+            if value is None and name in ("limit", "tasks"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise SettingError(f"{name}={value!r} must be a whole number >= {low}", setting=name)
+        if self.shard_index >= self.num_shards:
+            raise SettingError(f"shard_index={self.shard_index} must be below num_shards={self.num_shards} (worker i "
+                               f"of N is shard_index i, 0 to N-1)", setting="shard_index")
+        if not (isinstance(self.flush_every_s, (int, float)) and math.isfinite(self.flush_every_s)
+                and self.flush_every_s > 0):
+            raise SettingError(f"flush_every_s={self.flush_every_s!r} must be a finite number of seconds > 0",
+                               setting="flush_every_s")
+        if self.engine not in KINDS:
+            raise SettingError(f"engine={self.engine!r}: use one of {', '.join(KINDS)}", setting="engine")
+        if self.mode not in MODES:
+            raise SettingError(f"mode={self.mode!r}: use one of {', '.join(MODES)}", setting="mode")
+        self.pins = parse_pins(self.pins)  # the one pin rule: `REPO=sha256:<64 hex>`
 
     def run_id(self) -> str:
         # Where the run is written, how it is split and where the server listens do not change what it samples.
