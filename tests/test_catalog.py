@@ -4,6 +4,7 @@ into one failure row."""
 
 import dataclasses
 import json
+import os
 import re
 import shutil
 import sys
@@ -20,7 +21,7 @@ from hubgym.envs import resolve_env
 from hubgym.envs.catalog import catalog
 from hubgym.cli import app
 from hubgym.conformance import CHECKS
-from hubgym.conformance.parallel import check_many
+from hubgym.conformance.parallel import check_many, default_jobs
 from hubgym.errors import EnvNotFoundError
 
 ENVS = Path(__file__).parent / "broken_envs"
@@ -218,6 +219,13 @@ def env_copy(parent: Path, name: str, first_line: str | None = None) -> Path:
 
 def outcome(results) -> list[tuple[str, str, bool, str]]:
     return [(r.env, r.check, r.ok, r.message) for r in results]
+
+
+def test_default_jobs_are_the_cpus_the_load_leaves_free(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert [default_jobs(load) for load in (0.0, 0.4, 1.6, 3.0, 4.0, 9.5)] == [4, 4, 2, 1, 1, 1]
+    monkeypatch.setattr(os, "getloadavg", lambda: (2.2, 0.0, 0.0))  # the last minute's average, by default
+    assert default_jobs() == 2
 
 
 @pytest.mark.slow

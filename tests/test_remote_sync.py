@@ -63,7 +63,7 @@ def test_a_push_serves_the_new_weights_as_a_fresh_engine_does(server, tiny_model
     folder = tmp_path / "model"  # the same weights as a model folder, in a fresh local engine
     shutil.copytree(tiny_model, folder)
     save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"))
-    local = VLLMEngine(str(folder), max_model_len=512, enforce_eager=True)
+    local = VLLMEngine(str(folder), max_model_len=512, enforce_eager=True, separate_core=True)
     try:
         fresh = greedy(local)
     finally:

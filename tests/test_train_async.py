@@ -30,7 +30,7 @@ class Interrupted(Exception):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    engine = VLLMEngine(str(tiny_model), max_model_len=512, seed=0)
+    engine = VLLMEngine(str(tiny_model), max_model_len=512, seed=0, separate_core=True)
     yield engine
     engine.close()
 

@@ -15,6 +15,7 @@ import time
 import psutil
 import pytest
 
+from helpers.engines import ENGINE_PROCESSES
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.train.config import TINY_CONFIG, load_config
 from hubgym.train.trainer import Trainer
@@ -44,6 +45,8 @@ def test_a_lost_engine_is_restarted_and_periodic_eval_runs(tiny_model, tmp_path,
                              "batch.groups_per_step=2", "grpo.n=4"])
     killed: list[int] = []
     train = Trainer._train
+    for name, value in ENGINE_PROCESSES.items():  # the engine core a kill can take away, in its own process
+        monkeypatch.setenv(name, value)
 
     def train_then_kill(self, step, groups, rows, started):
         metrics = train(self, step, groups, rows, started)

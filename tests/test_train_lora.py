@@ -75,7 +75,7 @@ def test_vllm_samples_the_trained_lora_policy(lora_run, tiny_model, tmp_path):
     from hubgym.engines import VLLMEngine
 
     trainer, _, _ = lora_run
-    engine = VLLMEngine(str(tiny_model), max_model_len=512)
+    engine = VLLMEngine(str(tiny_model), max_model_len=512, separate_core=True)
     try:
         ids = engine.tokenizer.encode("What is 2 + 3?") + [40, 41, 42, 43]  # a completion the run trained on
         base = vllm_logprobs(engine, ids)[0]

@@ -26,7 +26,7 @@ GROUPS, N = 8, 4
 
 @pytest.fixture(scope="module")
 def engine(tiny_model):
-    engine = VLLMEngine(str(tiny_model), max_model_len=1024, enforce_eager=True)
+    engine = VLLMEngine(str(tiny_model), max_model_len=1024, enforce_eager=True, separate_core=True)
     yield engine
     engine.close()
 

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 def engine(tiny_model):
     from hubgym.engines import VLLMEngine
 
-    engine = VLLMEngine(str(tiny_model), max_model_len=1024)
+    # The engine core in its own process, as a trainer runs it (one test kills that process).
+    engine = VLLMEngine(str(tiny_model), max_model_len=1024, separate_core=True)
     yield engine
     engine.close()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.engines import ENGINE_PROCESSES
 from hubgym.engines.vllm_logging import apply_vllm_log_level, set_verbose
 
 VLLM_INFO = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) INFO ", re.M)  # "(EngineCore pid=12) INFO 11-25 ..."
@@ -18,6 +19,7 @@ LOADING = "Loading safetensors checkpoint shards"
 
 def rollout(tiny_model: Path, out: Path, *flags: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")}  # the user sets no level
+    env.update(ENGINE_PROCESSES)  # the engine processes' own log lines are what this proves quiet
     done = subprocess.run([Path(sys.executable).with_name("hubgym"), "rollout", "arithmetic:tiny", "--model",
                            tiny_model, "--limit", "1", "--n", "1", "--max-tokens", "8", "--out", out, *flags],
                           capture_output=True, text=True, timeout=900, env=env)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -81,3 +84,44 @@ def test_bfloat16_runs_on_this_cpu(tiny_model):
     for sample in samples:
         assert 0 < len(sample.token_ids) == len(sample.logprobs)
         assert all(math.isfinite(lp) and lp <= 0 for lp in sample.logprobs)
+
+
+
+ONE_PROCESS_GROUP = r"""
+import torch.distributed as dist
+from hubgym.engines import VLLMEngine
+from hubgym.train.engine import init_distributed
+
+def core(engine):
+    return type(engine.llm.llm_engine.engine_core).__name__
+
+if __name__ == "__main__":
+    import sys
+    engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
+    print("alone:", core(engine), dist.is_initialized())
+    engine.close()
+    print("closed:", dist.is_initialized())
+    init_distributed()  # a trainer's group, then an engine beside it
+    engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
+    print("beside a group:", core(engine))
+    engine.close()
+    print("group kept:", dist.is_initialized())
+"""
+
+
+@pytest.mark.slow
+def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny_model, tmp_path):
+    """With VLLM_ENABLE_V1_MULTIPROCESSING=0 a core in this process joins torch.distributed's global group: it
+    leaves it when the engine closes (a trainer started next starts clean), and where this process is in a group
+    already (a trainer's) the core runs in a process of its own and the group outlives the engine."""
+    script = tmp_path / "one_group.py"
+    script.write_text(ONE_PROCESS_GROUP)
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a trainer's, in this worker
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    done = subprocess.run([sys.executable, str(script), str(tiny_model)], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in ("alone", "closed", "beside a group",
+                                                                                "group kept")]
+    assert lines == ["alone: InprocClient True", "closed: False", "beside a group: SyncMPClient",
+                     "group kept: True"], done.stdout[-2000:]

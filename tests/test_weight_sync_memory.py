@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 def engine(tiny_model):
     from hubgym.engines import VLLMEngine
 
-    engine = VLLMEngine(str(tiny_model), max_model_len=512)
+    engine = VLLMEngine(str(tiny_model), max_model_len=512, separate_core=True)
     yield engine
     engine.close()
 

@@ -32,9 +32,14 @@ DEFAULT_TIMEOUT = 900.0
 _DONE = "done"  # the last message of a worker that finished normally
 
 
-def default_jobs() -> int:
-    """The CPUs this process may run on (a container's or taskset's limit, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+def default_jobs(load: float | None = None) -> int:
+    """The CPUs this process may run on (a container's or taskset's limit, not the machine's count) that the
+    machine's load leaves free, at least one. A check is CPU-bound: on cores other work keeps busy (a test
+    suite, a training run) more processes only take turns, and each env's time limit runs out sooner.
+    `load`: the runnable processes to make room for; the last minute's load average by default."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    busy = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else load or 0.0
+    return max(1, min(cpus, cpus - round(busy)))
 
 
 @dataclass

@@ -11,6 +11,7 @@ import contextlib
 import itertools
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -64,9 +65,12 @@ class VLLMEngine:
     name, token_in = "vllm", True
 
     def __init__(self, model: str, *, max_model_len: int | None = 1024, seed: int = 0,
-                 settings: EngineSettings = EngineSettings(), **engine_args: Any):
+                 settings: EngineSettings = EngineSettings(), separate_core: bool = False, **engine_args: Any):
         """`settings`: dtype, memory share, GPUs, sleep mode (checked first); `engine_args`: any further vLLM
-        engine argument, e.g. enforce_eager=True."""
+        engine argument, e.g. enforce_eager=True. `separate_core`: vLLM's engine core runs in a process of its
+        own even where VLLM_ENABLE_V1_MULTIPROCESSING=0 asks for this one, as the trainer wants before it starts
+        its process group (it always does once this process holds one: a core here would take that group over
+        and tear it down when it stops)."""
         from hubgym.models import context_length
 
         # None: the model's own limit; one past it is refused here, not deep inside vLLM's config validation.
@@ -85,6 +89,7 @@ class VLLMEngine:
                     "worker_extension_cls": "hubgym.train.vllm_receiver.WeightReceiver"}  # in-memory weight sync
         self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
                          **defaults, **checked, **engine_args}  # kept so `restart` builds the same engine
+        self.separate_core = separate_core
         self.policy_version = 0  # the version of the weights served (set by `load_weights`)
         self.weights_path: str | None = None  # the folder they were loaded from; None: `model`'s own weights
         self._start()
@@ -96,8 +101,9 @@ class VLLMEngine:
     def _start(self) -> None:
         import vllm
 
-        with _without_rendezvous_env(), engine_process_env():  # vLLM's processes die with this one (reaper.py)
-            self.llm = vllm.LLM(**self.llm_args)
+        separate = self.separate_core or _holds_process_group()
+        with _without_rendezvous_env(), engine_process_env(), _separate_core(separate):
+            self.llm = vllm.LLM(**self.llm_args)  # vLLM's processes die with this one (reaper.py)
         self.tokenizer = self.llm.get_tokenizer()
         self.sleeping = False  # a fresh engine is awake
         _fail_waiters_when_core_dies(self.llm)
@@ -246,15 +252,27 @@ class VLLMEngine:
 
     def restart(self) -> None:
         """A fresh engine with the same arguments, serving the last loaded weights under the same version."""
-        if self.llm is not None:
-            self.llm.llm_engine.engine_core.shutdown()  # a no-op when vLLM already shut a dead core down
-            self.llm = None
+        self._shut_down()
         self._start()
         if self.weights_path is not None:
             self.load_weights(self.weights_path, self.policy_version)
 
     def close(self) -> None:
-        self.llm = None  # vLLM shuts its engine core down when the LLM is collected
+        self._shut_down()
+
+    def _shut_down(self) -> None:
+        """Stop the engine core (a no-op when vLLM already shut a dead one down). A core that ran in this process
+        also leaves torch.distributed's global group and vLLM's parallel state behind: they are torn down, so a
+        later engine or a trainer in this process starts clean."""
+        if self.llm is None:
+            return
+        in_process = getattr(self.llm.llm_engine.engine_core, "resources", None) is None
+        self.llm.llm_engine.engine_core.shutdown()
+        self.llm = None
+        if in_process:
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
 
 
 
@@ -270,6 +288,27 @@ def _without_rendezvous_env() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def _separate_core(wanted: bool) -> Iterator[None]:
+    """VLLM_ENABLE_V1_MULTIPROCESSING=1 while vLLM builds an engine, if `wanted` (vLLM reads it then)."""
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    if wanted:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    try:
+        yield
+    finally:
+        if wanted and saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING")
+        elif wanted:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+
+
+def _holds_process_group() -> bool:
+    """Whether this process is in a torch.distributed group (a trainer's), without importing torch for it."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
 
 
 def _running(pid: int | None) -> bool:

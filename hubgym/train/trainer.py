@@ -93,7 +93,7 @@ class Trainer:
                 from hubgym.engines import make_engine
 
                 self._engine = make_engine("vllm", self.model_dir(), max_model_len=self.cfg.online.max_model_len,
-                                           seed=self.cfg.seed, settings=v.engine_settings())
+                                           seed=self.cfg.seed, settings=v.engine_settings(), separate_core=True)
             self._engine.policy_version = 0
         return self._engine
 
