@@ -244,11 +244,16 @@ class VLLMEngine:
         """False once the engine is closed or a vLLM engine-core process (the model runs there) has died."""
         if self.llm is None:
             return False
-        resources = getattr(self.llm.llm_engine.engine_core, "resources", None)
-        if resources is None:  # the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
+        if self._core_in_this_process():
             return True
+        resources = self.llm.llm_engine.engine_core.resources
         processes = getattr(resources.engine_manager, "processes", [])
         return not resources.engine_dead and all(_running(p.pid) for p in processes)
+
+    def _core_in_this_process(self) -> bool:
+        """The engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): vLLM's client has no
+        processes (`resources`) to watch."""
+        return getattr(self.llm.llm_engine.engine_core, "resources", None) is None
 
     def restart(self) -> None:
         """A fresh engine with the same arguments, serving the last loaded weights under the same version."""
@@ -266,7 +271,7 @@ class VLLMEngine:
         later engine or a trainer in this process starts clean."""
         if self.llm is None:
             return
-        in_process = getattr(self.llm.llm_engine.engine_core, "resources", None) is None
+        in_process = self._core_in_this_process()
         self.llm.llm_engine.engine_core.shutdown()
         self.llm = None
         if in_process:
