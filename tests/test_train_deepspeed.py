@@ -248,3 +248,28 @@ def test_kl_and_policy_metrics_are_token_means_of_the_global_batch(tiny_model, k
         assert mine["metrics"].keys() == whole["metrics"].keys()
         for key, value in whole["metrics"].items():
             assert mine["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-8), key
+
+
+REGROUP = """
+import os, sys, torch
+from hubgym.train.engine import Policy
+first = Policy(sys.argv[1])
+port = os.environ["MASTER_PORT"]
+del first
+torch.distributed.destroy_process_group()  # what an engine core that ran in this process does when it closes
+second = Policy(sys.argv[1])
+print(second.rank, second.world_size, os.environ["MASTER_PORT"] != port, torch.distributed.is_initialized())
+"""
+
+
+@slow
+def test_a_policy_builds_again_after_someone_else_tore_its_group_down(tiny_model):
+    """init_distributed starts a one-process group of its own (setting RANK, MASTER_PORT, ... as a launcher would).
+    If something else in the process destroys it, the next Policy starts a fresh group on a fresh port, and
+    DeepSpeed forgets the groups it cached from the old one (it refused them: "Group ... is not registered")."""
+    rendezvous = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in rendezvous}
+    done = subprocess.run([sys.executable, "-c", REGROUP, str(tiny_model)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-4:] == ["0", "1", "True", "True"]

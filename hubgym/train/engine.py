@@ -129,14 +129,43 @@ def init_distributed(timeout_s: float = DIST_TIMEOUT_S) -> tuple[int, int]:
     timeout = timedelta(seconds=timeout_s)
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))  # this node's GPU (LOCAL_RANK, not RANK)
-    if "RANK" not in os.environ and not torch.distributed.is_initialized():
-        store = torch.distributed.TCPStore("127.0.0.1", int(os.environ.get("MASTER_PORT", 0)), 1, True)
+    if not torch.distributed.is_initialized():
+        _forget_torn_down_group()
+    if not _launched() and not torch.distributed.is_initialized():
+        port = 0 if _OWN_GROUP else int(os.environ.get("MASTER_PORT", 0))  # our old store may still hold its port
+        store = torch.distributed.TCPStore("127.0.0.1", port, 1, True)
         torch.distributed.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+        _OWN_GROUP.clear()
+        _OWN_GROUP.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(store.port))
+        os.environ.update(_OWN_GROUP)
     if not torch.distributed.is_initialized() or not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+_OWN_GROUP: dict[str, str] = {}  # the launcher variables init_distributed set for a group it started itself
+
+
+def _launched() -> bool:
+    """Whether a launcher (torchrun, deepspeed, a node) set this process's rank, as opposed to init_distributed
+    for a one-process group of its own earlier in this process."""
+    if "RANK" not in os.environ:
+        return False
+    return not _OWN_GROUP or any(os.environ.get(k) != v for k, v in _OWN_GROUP.items())
+
+
+def _forget_torn_down_group() -> None:
+    """A group DeepSpeed used was torn down by someone else (an engine core that ran in this process tears down
+    torch.distributed's group when it closes): DeepSpeed's backend and its cached groups (a clone of the world
+    group, data-parallel groups) point at the dead group. Drop them, as deepspeed.comm.destroy_process_group does,
+    so the next group starts clean."""
+    import deepspeed.comm.comm as ds_comm
+    from deepspeed.utils import groups
+
+    if ds_comm.cdb is not None:
+        groups._release_process_group_references(group=None)
+        ds_comm.cdb = None
 
 
 def bf16_enabled(setting: str) -> bool:
