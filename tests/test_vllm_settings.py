@@ -13,6 +13,8 @@ import pytest
 
 from hubgym.errors import EngineError
 from hubgym.engines import EngineSettings, Request, SamplingArgs, VLLMEngine
+from hubgym.rollout import RolloutConfig
+from hubgym.rollout.options import with_options
 from hubgym.train.config import TINY_CONFIG, ConfigError, load_config
 
 ON_CPU = not __import__("torch").cuda.is_available()
@@ -50,6 +52,22 @@ def test_a_server_run_refuses_local_engine_settings():
 def test_auto_keeps_float32_on_a_cpu():
     assert EngineSettings(dtype="auto").vllm_args()["dtype"] == "float32"
     assert EngineSettings(dtype="bfloat16").vllm_args()["dtype"] == "bfloat16"
+
+
+def test_enforce_eager_is_a_setting_and_the_environment_can_ask_it_of_every_engine(monkeypatch):
+    """vllm.enforce_eager in a train config, `--set vllm.enforce_eager=true` in a rollout, or HUBGYM_ENFORCE_EAGER=1
+    (which the suite sets) all reach vLLM as enforce_eager; with none of them vLLM compiles as it chooses."""
+    monkeypatch.delenv("HUBGYM_ENFORCE_EAGER", raising=False)
+    assert "enforce_eager" not in EngineSettings().vllm_args()
+    assert EngineSettings(enforce_eager=True).vllm_args()["enforce_eager"] is True
+    assert load_config(TINY_CONFIG, ["vllm.enforce_eager=true"]).vllm.engine_settings().enforce_eager
+    plain = RolloutConfig(envs=["arithmetic"], model="m", out="o")
+    assert with_options(plain, ["vllm.enforce_eager=true"]).vllm == EngineSettings(enforce_eager=True)
+    assert RolloutConfig(envs=["arithmetic"], model="m", out="o",
+                         vllm=EngineSettings(enforce_eager=True)).run_id() != RolloutConfig(
+        envs=["arithmetic"], model="m", out="o").run_id()  # a setting of the run: part of its id
+    monkeypatch.setenv("HUBGYM_ENFORCE_EAGER", "1")
+    assert EngineSettings().vllm_args()["enforce_eager"] is True
 
 
 @pytest.mark.skipif(not ON_CPU, reason="the CPU backend's rules")

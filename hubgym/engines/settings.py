@@ -10,11 +10,13 @@ everywhere and a value vLLM would refuse deep in its start-up (or, for a GPU cou
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from hubgym.errors import EngineError
 
+EAGER_ENV = "HUBGYM_ENFORCE_EAGER"  # "1": every engine hubgym starts on this machine skips torch.compile
 KINDS = ("vllm", "openai")  # vllm: the offline engine in this process; openai: an OpenAI-compatible server
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -25,12 +27,15 @@ class EngineSettings:
 
     dtype "auto" is vLLM's choice on a GPU (bfloat16 for an fp32 checkpoint) but float32 on a CPU: vLLM's CPU
     backend would pick bfloat16 too, and rollouts there have always been sampled in the checkpoint's float32.
-    gpu_memory_utilization None is vLLM's 0.9 (alone on a GPU); beside a trainer give it a share, e.g. 0.3."""
+    gpu_memory_utilization None is vLLM's 0.9 (alone on a GPU); beside a trainer give it a share, e.g. 0.3.
+    enforce_eager skips torch.compile: an engine starts 10-15 s sooner on a CPU and decodes slower, a trade that
+    pays for short runs; HUBGYM_ENFORCE_EAGER=1 asks it of every engine started with that variable set."""
 
     dtype: str = "auto"
     gpu_memory_utilization: float | None = None
     tensor_parallel_size: int = 1
     enable_sleep_mode: bool = False
+    enforce_eager: bool = False
 
     def is_default(self) -> bool:
         return self == EngineSettings()
@@ -83,6 +88,8 @@ class EngineSettings:
             args["gpu_memory_utilization"] = share
         if self.enable_sleep_mode:
             args["enable_sleep_mode"] = True
+        if self.enforce_eager or os.environ.get(EAGER_ENV) == "1":
+            args["enforce_eager"] = True
         return args
 
 

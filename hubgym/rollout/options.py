@@ -30,6 +30,7 @@ HELP: dict[str, str] = {
     "vllm.gpu_memory_utilization": "engine vllm: share of the GPU's memory vLLM takes, in (0, 1] (null: vLLM's 0.9)",
     "vllm.tensor_parallel_size": "engine vllm: GPUs the engine spans",
     "vllm.enable_sleep_mode": "engine vllm, GPU only: vLLM can sleep (a trainer beside it uses this)",
+    "vllm.enforce_eager": "engine vllm: skip torch.compile (starts sooner, decodes slower; short runs on a CPU)",
     "base_url": "engine openai: the endpoint, e.g. http://127.0.0.1:8000/v1",
     "mode": "engine openai: tokens (token-in), chat (the server renders, native tool calls) or chat_tokens",
     "n": "samples per task (one GRPO group)",

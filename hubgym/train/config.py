@@ -249,11 +249,14 @@ class Vllm(Section):
     tensor_parallel_size: int = Field(1, ge=1, description="local: GPUs one vLLM engine spans")
     enable_sleep_mode: bool = Field(False, description="local, GPU only: vLLM sleeps (weights to CPU memory, KV "
                                     "cache freed) while the trainer steps, and wakes for rollouts")
+    enforce_eager: bool = Field(False, description="local: skip torch.compile (starts sooner, decodes slower; for "
+                                "short runs on a CPU)")
 
     def engine_settings(self) -> EngineSettings:
         """The local engine's settings, as every engine takes them."""
         return EngineSettings(dtype=self.dtype, gpu_memory_utilization=self.gpu_memory_utilization,
-                              tensor_parallel_size=self.tensor_parallel_size, enable_sleep_mode=self.enable_sleep_mode)
+                              tensor_parallel_size=self.tensor_parallel_size, enable_sleep_mode=self.enable_sleep_mode,
+                              enforce_eager=self.enforce_eager)
 
     @model_validator(mode="after")
     def _server_needs_url(self) -> Vllm:
