@@ -19,6 +19,11 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("HF_HOME", str(Path(tempfile.gettempdir()) / f"hubgym-test-hf-{os.getpid()}"))
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# vLLM as tests start it, about 30 s sooner an engine on 2 cores: its core in the test's own process
+# (VLLM_ENABLE_V1_MULTIPROCESSING=0: two processes fewer that import torch and vLLM again; helpers/engines.py says
+# which tests keep the processes a user gets) and no torch.compile (HUBGYM_ENFORCE_EAGER=1: vllm.enforce_eager).
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("HUBGYM_ENFORCE_EAGER", "1")
 
 
 @pytest.fixture(scope="session")

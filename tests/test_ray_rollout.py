@@ -28,7 +28,7 @@ from hubgym.rollout.run import mine
 from hubgym.verifiers import arithmetic as arithmetic_verifier
 
 HUBGYM = str(Path(sys.executable).with_name("hubgym"))
-TASKS, N, MAX_TOKENS = 100, 4, 256  # ~50 groups of long replies a worker, two at a time: well past a first flush
+TASKS, N, MAX_TOKENS = 40, 4, 256  # 20 groups of long replies a worker, two at a time: well past a first flush
 WORKERS = 2
 
 
@@ -61,9 +61,9 @@ def test_a_ray_run_with_a_late_node_and_a_killed_worker_writes_what_hand_started
     out, log = tmp_path / "run", tmp_path / "log"
     address = cluster.start_head(num_cpus=1)  # room for one worker: the other waits for the node added below
     command = [HUBGYM, "rollout", "arithmetic:medium", "--model", str(tiny_model), "--n", str(N), "--limit",
-               str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024", "--max-tokens", str(MAX_TOKENS),
-               "--out", str(out), "--ray", "--ray-address", address, "--workers", str(WORKERS),
-               "--push", "test/rollouts", "--hub", str(tmp_path / "hub")]
+               str(TASKS), "--set", "concurrency=2", "--set", "flush_every_s=1", "--max-model-len", "1024",
+               "--max-tokens", str(MAX_TOKENS), "--out", str(out), "--ray", "--ray-address", address, "--workers",
+               str(WORKERS), "--push", "test/rollouts", "--hub", str(tmp_path / "hub")]
     wide = {**os.environ, "COLUMNS": "300"}  # lines and tables unwrapped
     with open(log, "w") as handle:
         proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=wide)

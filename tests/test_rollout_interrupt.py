@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers.engines import ENGINE_PROCESSES
 from hubgym.hub.rollouts import iter_rollouts
 
 pytestmark = pytest.mark.slow
@@ -26,8 +27,9 @@ def rollout_command(model: Path, out: Path) -> list[str]:
 def test_ctrl_c_stops_hubgym_rollout_and_the_same_command_completes_the_run(tiny_model, tmp_path):
     out = tmp_path / "run"
     # A terminal's Ctrl-C sends SIGINT to the whole process group: hubgym and vLLM's processes.
+    # vLLM's own process layout, so the signal reaches its processes too; the resume runs as the suite's engines do.
     proc = subprocess.Popen(rollout_command(tiny_model, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+                            text=True, start_new_session=True, env={**os.environ, **ENGINE_PROCESSES})
     deadline = time.monotonic() + 600
     while not list((out / "shards").glob("*.arrow")) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -89,7 +91,8 @@ def test_ctrl_c_that_kills_vllm_before_hubgym_sees_it_still_reads_as_an_interrup
     out = tmp_path / "run"
     run = [sys.executable, "-c", ENGINE_DIES_FIRST, str(tiny_model), str(out)]
 
-    killed = subprocess.run([*run, "kill"], capture_output=True, text=True, timeout=600)
+    killed = subprocess.run([*run, "kill"], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **ENGINE_PROCESSES})  # engine processes for the SIGINT to kill
     assert killed.returncode == 130, killed.stdout[-2000:] + killed.stderr[-3000:]  # not an engine failure (1)
     assert "interrupted" in killed.stdout
     stored = len(list(iter_rollouts([out])))

@@ -17,9 +17,10 @@ import psutil
 import pyarrow as pa
 import pytest
 
+from helpers.engines import ENGINE_PROCESSES
 from hubgym.hub.rollouts import iter_rollouts
 
-TASKS, N = 100, 4  # 400 rollouts: fewer than a shard holds, so a shard on disk mid-run was written by time
+TASKS, N = 40, 4  # 160 rollouts: fewer than a shard holds, so a shard on disk mid-run was written by time
 
 
 def wait_for(condition, what: str, timeout_s: float = 600) -> None:
@@ -65,6 +66,7 @@ def command(model: Path, out: Path) -> list[str]:
     return [str(Path(sys.executable).with_name("hubgym")), "rollout", "arithmetic:medium", "--model", str(model),
             "--n", str(N), "--limit", str(TASKS), "--set", "concurrency=2", "--max-model-len", "1024",
             "--max-tokens", "256",  # long replies: the run lasts well past the first time-based flush
+            "--set", "flush_every_s=1",  # the first groups reach disk a second after they finish, long before the end
             "--out", str(out)]
 
 
@@ -82,7 +84,8 @@ def manifest_rows(out: Path) -> int:
 def test_sigkill_of_hubgym_rollout_takes_vllm_with_it_and_the_same_command_completes_the_run(tiny_model, tmp_path):
     out = tmp_path / "run"
     with open(tmp_path / "log", "w") as log:
-        proc = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True,
+                                env={**os.environ, **ENGINE_PROCESSES})  # the processes a user's engine has
     hubgym, descendants = psutil.Process(proc.pid), []
     try:
         # Groups finish two at a time; the first ones are on disk after flush_every_s though no shard is full.
