@@ -36,10 +36,19 @@ def default_jobs(load: float | None = None) -> int:
     """The CPUs this process may run on (a container's or taskset's limit, not the machine's count) that the
     machine's load leaves free, at least one. A check is CPU-bound: on cores other work keeps busy (a test
     suite, a training run) more processes only take turns, and each env's time limit runs out sooner.
-    `load`: the runnable processes to make room for; the last minute's load average by default."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    busy = os.getloadavg()[0] if load is None and hasattr(os, "getloadavg") else load or 0.0
-    return max(1, min(cpus, cpus - round(busy)))
+    `load`: the CPUs' worth of work to make room for; by default how busy those CPUs were over the last second
+    (not the load average, which still counts work that ended up to a few minutes ago)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    busy = _busy_cpus(cpus) if load is None else load
+    return max(1, min(len(cpus), len(cpus) - round(busy)))
+
+
+def _busy_cpus(cpus: list[int], interval_s: float = 1.0) -> float:
+    """How many of `cpus` other work kept busy over the next `interval_s` seconds (e.g. 1.5: one and a half)."""
+    import psutil
+
+    shares = psutil.cpu_percent(interval=interval_s, percpu=True)
+    return sum(shares[cpu] for cpu in cpus if cpu < len(shares)) / 100
 
 
 @dataclass
