@@ -128,7 +128,7 @@ def check(target: Annotated[Optional[str], typer.Argument(help="env name, path t
           source: Annotated[Optional[str], typer.Option(help=SOURCE_HELP + " (with 'all')")] = None,
           tag: Annotated[Optional[list[str]], typer.Option(help=TAG_HELP + " (with 'all')")] = None,
           jobs: Annotated[Optional[int], typer.Option(min=1, help="envs checked at once, each in its own process "
-                                                      "(default: the CPUs the load leaves free)")] = None,
+                                                      "(default: the CPUs other work leaves free)")] = None,
           timeout: Annotated[float, typer.Option(min=1, help="seconds one env's checks may take when several envs "
                                                  "are checked; past it the env is one failure row")] = 900.0) -> None:
     """Run the conformance checks; print a table, then every failure in full. Exit code 1 on any failure.
