@@ -279,3 +279,21 @@ def test_a_stale_builtin_index_row_is_read_from_the_class(monkeypatch):
     monkeypatch.setattr(module, "_builtin_index", lambda: stale)
     rows = {row.name: row for row in catalog(source="builtin")}
     assert rows["arithmetic"].description.startswith("Arithmetic: ") and rows["wordle"].description == "indexed"
+
+
+@pytest.mark.slow
+def test_many_envs_check_each_default_config_and_config_all_checks_every_one(tmp_path):
+    folder = env_copy(tmp_path, "two_configs", "if self.config.name == 'broken': raise ValueError('no rows here')")
+    source = (folder / "builder.py").read_text()
+    declared = 'BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 12, "test": 4})]'
+    (folder / "builder.py").write_text(source.replace(declared, declared.replace(
+        "]", ', TaskConfig(name="broken", sizes={"train": 12, "test": 4})]')))
+    env_copy(tmp_path, "fine")
+
+    default = hubgym("check", tmp_path, "--jobs", "2", "--max-rows", "2")  # each env's default config
+    assert default.exit_code == 0, default.output
+    every = hubgym("check", tmp_path, "--jobs", "2", "--max-rows", "2", "--config", "all")
+    assert every.exit_code == 1
+    assert "FAIL two_configs" in every.output and "config='broken'" in every.output and "FAIL fine" not in every.output
+    one = hubgym("check", tmp_path, "--config", "broken")
+    assert one.exit_code != 0 and "with several envs only --config all is known" in one.output

@@ -25,6 +25,7 @@ from hubgym.cli.app import HUB_HELP, app, console, fail, user_errors
 from hubgym.errors import EnvContractError, HubgymError, Where
 
 if TYPE_CHECKING:
+    from hubgym.conformance.context import Configs
     from hubgym.builders.base import TaskBuilder
 
 
@@ -120,8 +121,9 @@ def build(env: Annotated[str, typer.Argument(help="env name, versioned id, or pa
 def check(target: Annotated[Optional[str], typer.Argument(help="env name, path to an env folder (or a folder of env "
                                                               "folders), or 'all' (the default with --source/--tag)")]
           = None,
-          config: Annotated[Optional[str], typer.Option(help="check only this config (one env only) "
-                                                        "[default: every config]")] = None,
+          config: Annotated[Optional[str], typer.Option(help="one env: check only this config [default: every "
+                                                        "config]; several envs: 'all' checks every config of each "
+                                                        "[default: each env's default config]")] = None,
           max_rows: Annotated[Optional[int], typer.Option(min=1, help="one env: rows per split scored (every row is "
                                                             "built) [default: 200]; several envs: rows per split "
                                                             "built and scored [default: 50]")] = None,
@@ -140,16 +142,20 @@ def check(target: Annotated[Optional[str], typer.Argument(help="env name, path t
         fail(f"--source and --tag pick envs from the catalog; use them with 'all' or alone, not with {target!r}")
     broken: list = []  # failure rows of envs and families in the slice that failed to load
     if target in (None, "all"):
-        if config:
-            fail("--config names one env's config; run `hubgym check ENV --config C`, or `hubgym check all` alone")
+        _only_all(config, "`hubgym check ENV --config C`, or `hubgym check all [--config all]`")
         names, broken = _catalog_slice(source, tag or [])
     elif Path(target).is_dir() and not (Path(target) / "builder.py").is_file():  # a folder of env folders
         names = _env_folders(target, config)
     else:
         _validate_target(target, config)
         return report(_check_one(target, None if config in (None, "all") else [config], max_rows or ONE_ENV_ROWS))
-    rows = max_rows or MANY_ENVS_ROWS  # proportionate: 103 envs at their full sizes would take hours on 2 cores
-    report(broken + (_check_in_parallel(names, rows, jobs, timeout) if names else []))
+    # Proportionate: 103 envs with every config at full size would take hours on 2 cores. Each env's default
+    # config (what loading it without a config builds), a few rows per split; --config all and --max-rows for more.
+    from hubgym.conformance.context import Only
+
+    configs = None if config == "all" else Only.DEFAULT
+    rows = max_rows or MANY_ENVS_ROWS
+    report(broken + (_check_in_parallel(names, configs, rows, jobs, timeout) if names else []))
 
 
 ONE_ENV_ROWS = 200  # one env: rows scored per split, every row built
@@ -179,7 +185,7 @@ def _check_one(target: str, configs: list[str] | None, max_rows: int) -> list:
                                                                              max_rows=max_rows), steps=len(CHECKS))
 
 
-def _check_in_parallel(names: list[str], max_rows: int, jobs: int | None, timeout: float) -> list:
+def _check_in_parallel(names: list[str], configs: Configs, max_rows: int, jobs: int | None, timeout: float) -> list:
     """Many envs, `jobs` processes at a time; the bar counts finished envs and names each check as it finishes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -190,7 +196,7 @@ def _check_in_parallel(names: list[str], max_rows: int, jobs: int | None, timeou
                TextColumn("envs"), TimeElapsedColumn())
     with Progress(*columns, console=console(), transient=True) as progress:
         bar = progress.add_task(f"checking {len(names)} envs, {jobs} at a time", total=len(names))
-        results = check_many(names, jobs=jobs, timeout=timeout, max_rows=max_rows, build_rows=max_rows,
+        results = check_many(names, jobs=jobs, timeout=timeout, configs=configs, max_rows=max_rows, build_rows=max_rows,
                              on_result=lambda r: progress.update(bar, description=f"{r.env}: {r.check} done"),
                              on_done=lambda name: progress.update(bar, advance=1))
     return results
@@ -231,9 +237,14 @@ def _env_folders(folder: str, config: str | None) -> list[str]:
     found = [path for path, _ in env_folders(folder)]
     if not found:
         fail(f"{folder} holds no env: neither it nor any folder below it has builder.py (hubgym init NAME makes one)")
-    if config:
-        fail(f"--config names one env's config; run `hubgym check ENV_FOLDER --config C` on one of: {', '.join(found)}")
+    _only_all(config, f"`hubgym check ENV_FOLDER --config C` on one of: {', '.join(found)}")
     return found
+
+
+def _only_all(config: str | None, how: str) -> None:
+    """Several envs share no config name but 'all' (every config of each): any other is refused, saying `how`."""
+    if config not in (None, "all"):
+        fail(f"--config {config} names one env's config; with several envs only --config all is known; run {how}")
 
 
 def _validate_target(target: str, config: str | None) -> None:

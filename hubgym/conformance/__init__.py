@@ -22,7 +22,7 @@ _EXPORTS: dict[str, str] = {
     "CHECKS": "hubgym.conformance.checks",
     "CheckResult": "hubgym.conformance.runner", "CheckSkipped": "hubgym.conformance.common",
     "assert_env_ok": "hubgym.conformance.runner", "check_env": "hubgym.conformance.runner",
-    "iter_checks": "hubgym.conformance.runner",
+    "iter_checks": "hubgym.conformance.runner", "Only": "hubgym.conformance.context",
     "Violation": "hubgym.conformance.purity", "purity_guard": "hubgym.conformance.purity",
 }
 

@@ -68,7 +68,8 @@ def _check_configs(ctx: Context, cls: Any) -> None:
         if not isinstance(sizes, dict) or not sizes or not all(isinstance(n, int) and n >= 1 for n in sizes.values()):
             fail(f"config {config.name!r} has sizes {sizes!r}", ctx.where(config.name, field="sizes"),
                  "give sizes = {split: number of tasks >= 1}, e.g. {'train': 1000, 'test': 100}")
-    unknown = [c for c in ctx.requested_configs or [] if c not in names]
+    asked = ctx.requested_configs if isinstance(ctx.requested_configs, list) else []  # not Only.DEFAULT
+    unknown = [c for c in asked if c not in names]
     if unknown:
         fail(f"unknown config {unknown[0]!r}; the builder has {names}", ctx.where(unknown[0]),
              "ask for configs by one of the names in BUILDER_CONFIGS")

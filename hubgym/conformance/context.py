@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -56,10 +57,20 @@ _ORDINAL = {1: "first", 2: "second", 3: "third"}
 
 
 
+class Only(enum.Enum):
+    """`configs=Only.DEFAULT`: check only the config an env builds when none is named (its first); what checking
+    many envs does by default, where every config of 90 generated envs would multiply the time for little."""
+
+    DEFAULT = "the default config"
+
+
+Configs = list[str] | Only | None  # named configs, Only.DEFAULT, or None: every config
+
+
 class Context:
     """What the checks of one run share; every resource is made once, on first use."""
 
-    def __init__(self, ref: str | type[TaskBuilder], configs: list[str] | None, max_rows: int, workdir: Path,
+    def __init__(self, ref: str | type[TaskBuilder], configs: Configs, max_rows: int, workdir: Path,
                  build_rows: int | None = None):
         self.ref, self.requested_configs, self.max_rows, self.workdir = ref, configs, max_rows, workdir
         self.build_rows = build_rows  # each split built with at most this many rows (None: every row)
@@ -103,8 +114,11 @@ class Context:
 
     @property
     def configs(self) -> list[str]:
-        """The configs to check: those asked for that exist (check_declaration reports unknown ones)."""
+        """The configs to check: those asked for that exist (check_declaration reports unknown ones); every one
+        when none is named; the first, which loading the env without a config builds, for Only.DEFAULT."""
         known = self.builder.config_names()
+        if self.requested_configs is Only.DEFAULT:
+            return known[:1]
         return [c for c in self.requested_configs if c in known] if self.requested_configs else known
 
     def build(self, config: str, attempt: int = 1) -> dict[str, Any]:

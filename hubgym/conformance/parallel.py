@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
+from hubgym.conformance.context import Configs
 from hubgym.conformance.runner import CheckResult, iter_checks
 from hubgym.errors import EnvContractError, Where
 
@@ -65,7 +66,7 @@ class _Running:
 
 
 def check_many(names: list[str], *, jobs: int | None = None, timeout: float = DEFAULT_TIMEOUT,
-               configs: list[str] | None = None, max_rows: int = 200, build_rows: int | None = None,
+               configs: Configs = None, max_rows: int = 200, build_rows: int | None = None,
                on_result: Callable[[CheckResult], None] | None = None,
                on_done: Callable[[str], None] | None = None) -> list[CheckResult]:
     """Check every env in `names`, at most `jobs` at a time; never raises for an env's failure, crash or hang.
@@ -105,7 +106,7 @@ def _context() -> Any:
     return multiprocessing.get_context("spawn")
 
 
-def _start(context: Any, name: str, configs: list[str] | None, max_rows: int, timeout: float,
+def _start(context: Any, name: str, configs: Configs, max_rows: int, timeout: float,
            build_rows: int | None = None) -> _Running:
     reader, writer = context.Pipe(duplex=False)
     ref = os.path.abspath(name) if _is_path(name) else name  # the fork server's working folder may differ
@@ -120,7 +121,7 @@ def _is_path(name: str) -> bool:
     return "/" in name or name.startswith(".") or name.endswith(".py") or os.sep in name
 
 
-def _check_in_child(name: str, configs: list[str] | None, max_rows: int, writer: Connection,
+def _check_in_child(name: str, configs: Configs, max_rows: int, writer: Connection,
                     build_rows: int | None = None) -> None:
     """The worker: send each result as its check finishes, then _DONE."""
     _thread_only_progress_lock()

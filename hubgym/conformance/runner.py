@@ -25,7 +25,7 @@ import datasets
 from hubgym.builders.base import TaskBuilder
 from hubgym.conformance.checks import CHECKS
 from hubgym.conformance.common import CheckSkipped
-from hubgym.conformance.context import Context
+from hubgym.conformance.context import Configs, Context
 from hubgym.errors import EnvContractError, error_text
 
 
@@ -56,7 +56,7 @@ class CheckResult:
 
 # -- running ---------------------------------------------------------------------------------
 
-def iter_outcomes(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+def iter_outcomes(env: str | type[TaskBuilder], *, configs: Configs = None, max_rows: int = 200,
                   build_rows: int | None = None,
                   checks: list[Callable[[Context], None]] | None = None
                   ) -> Iterator[tuple[CheckResult, EnvContractError | None]]:
@@ -93,20 +93,21 @@ def _run_one(check: Callable[[Context], None], ctx: Context) -> EnvContractError
     return None
 
 
-def iter_checks(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+def iter_checks(env: str | type[TaskBuilder], *, configs: Configs = None, max_rows: int = 200,
                 build_rows: int | None = None) -> Iterator[CheckResult]:
     """Like check_env, but yields each result as soon as its check finishes (for progress display)."""
     for result, _ in iter_outcomes(env, configs=configs, max_rows=max_rows, build_rows=build_rows):
         yield result
 
 
-def check_env(env: str | type[TaskBuilder], *, configs: list[str] | None = None, max_rows: int = 200,
+def check_env(env: str | type[TaskBuilder], *, configs: Configs = None, max_rows: int = 200,
               build_rows: int | None = None) -> list[CheckResult]:
     """Run every check on one env (resolved with hubgym.envs.resolve_env).
 
     Never raises for a check failure: each failure is a CheckResult with ok=False and the message.
-    `configs` limits the configs built (default: all); `max_rows` caps the rows scored per split; `build_rows`
-    caps the rows each split is built with (default: every row its config declares).
+    `configs` limits the configs built (default: all; Only.DEFAULT: the one built when none is named);
+    `max_rows` caps the rows scored per split; `build_rows` caps the rows each split is built with (default:
+    every row its config declares).
     """
     return list(iter_checks(env, configs=configs, max_rows=max_rows, build_rows=build_rows))
 
