@@ -113,6 +113,11 @@ from hubgym.train.engine import init_distributed
 def core(engine):
     return type(engine.llm.llm_engine.engine_core).__name__
 
+def vllm_processes():
+    import psutil
+    names = [" ".join(p.cmdline()).strip() for p in psutil.Process().children(recursive=True)]
+    return sorted(name for name in names if name.startswith("VLLM") or "spawn_main" in name)
+
 if __name__ == "__main__":
     import sys
     engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
@@ -121,7 +126,7 @@ if __name__ == "__main__":
     print("closed:", dist.is_initialized())
     init_distributed()  # a trainer's group, then an engine beside it
     engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
-    print("beside a group:", core(engine))
+    print("beside a group:", core(engine), vllm_processes())
     engine.close()
     print("group kept:", dist.is_initialized())
 """
@@ -131,7 +136,8 @@ if __name__ == "__main__":
 def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny_model, tmp_path):
     """With VLLM_ENABLE_V1_MULTIPROCESSING=0 a core in this process joins torch.distributed's global group: it
     leaves it when the engine closes (a trainer started next starts clean), and where this process is in a group
-    already (a trainer's) the core runs in a process of its own and the group outlives the engine."""
+    already (a trainer's) the core runs in a process of its own, the model's worker inside it (on the CPU too, where
+    vLLM would start the worker in a third process), and the group outlives the engine."""
     script = tmp_path / "one_group.py"
     script.write_text(ONE_PROCESS_GROUP)
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a trainer's, in this worker
@@ -141,5 +147,5 @@ def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny
     assert done.returncode == 0, done.stderr[-3000:]
     lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in ("alone", "closed", "beside a group",
                                                                                 "group kept")]
-    assert lines == ["alone: InprocClient True", "closed: False", "beside a group: SyncMPClient",
+    assert lines == ["alone: InprocClient True", "closed: False", "beside a group: SyncMPClient ['VLLM::EngineCore']",
                      "group kept: True"], done.stdout[-2000:]

@@ -86,7 +86,8 @@ class VLLMEngine:
         # after a partial (chunked) prefill, so prompts are prefilled whole.
         defaults = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(8192, max_model_len),
                     "use_tqdm_on_load": vllm_verbose(),
-                    "worker_extension_cls": "hubgym.train.vllm_receiver.WeightReceiver"}  # in-memory weight sync
+                    "worker_extension_cls": "hubgym.train.vllm_receiver.WeightReceiver",  # in-memory weight sync
+                    **_worker_in_core(checked)}
         self.llm_args = {"model": model, "max_model_len": max_model_len, "seed": seed, "enable_prefix_caching": True,
                          **defaults, **checked, **engine_args}  # kept so `restart` builds the same engine
         self.separate_core = separate_core
@@ -280,6 +281,24 @@ class VLLMEngine:
             cleanup_dist_env_and_memory()
 
 
+
+
+def _worker_in_core(checked: dict[str, Any]) -> dict[str, Any]:
+    """On a CPU, the model's one worker runs in the engine core's process, as it does on a GPU.
+
+    vLLM's CPU backend turns its one-process executor into a process of its own whenever the engine core has
+    one (`hubgym train`'s engines, vLLM's default layout), to start that process with torch's OpenMP preloaded.
+    The core's process is started with the same preload, so the worker loses nothing there; it saves a process
+    that imports torch and vLLM again. Measured with the tiny model on 2 cores: an engine starts in 11 s instead
+    of 29 s, and decodes 64 x 256 tokens in 1.6 s instead of 2.2-2.7 s (no hop between core and worker).
+    Naming the executor class (not "uni") keeps vLLM's CPU backend from swapping it."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or checked.get("tensor_parallel_size", 1) != 1:
+        return {}
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    return {"distributed_executor_backend": UniProcExecutor}
 
 
 @contextlib.contextmanager
