@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -59,3 +60,17 @@ def cluster():
     started = LocalRayCluster()
     yield started
     started.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_training_group_left_behind():
+    """A module that trained in this worker leaves hubgym's one-process training group (init_distributed) behind;
+    every vLLM engine this worker starts later would then run its core in a process of its own (a core beside a
+    group takes it over), about 10 s and one more torch-and-vLLM import a start. The group ends with its module;
+    the next trainer starts a fresh one, as it does after anything else tore a group down."""
+    yield
+    if "hubgym.train.engine" in sys.modules:
+        from hubgym.train import engine
+
+        if engine._OWN_GROUP and not engine._launched():
+            engine.shutdown()
