@@ -13,11 +13,9 @@ BIN := $(VENV)/bin
 demo: setup
 	$(BIN)/hubgym demo
 
-# Everything CI runs: the lint, then the whole suite (the slowest tests listed at the end). Three workers on two
-# cores: a quarter of the suite is waiting (processes starting, runs stopped and resumed); --dist loadscope keeps
-# a module's tests in one worker, so a module's engine, server or run is started once.
+# Everything CI runs: the lint, then the whole suite (the slowest tests listed at the end).
 test: setup lint
-	$(BIN)/pytest -n 3 --dist loadscope -q --durations=25
+	$(BIN)/pytest -n 2 -q --durations=25
 
 # The fast tier, while you work: every test not marked slow (no vLLM, DeepSpeed, Ray or CLI subprocess).
 test-fast: setup lint

@@ -67,10 +67,14 @@ def _no_training_group_left_behind():
     """A module that trained in this worker leaves hubgym's one-process training group (init_distributed) behind;
     every vLLM engine this worker starts later would then run its core in a process of its own (a core beside a
     group takes it over), about 10 s and one more torch-and-vLLM import a start. The group ends with its module;
-    the next trainer starts a fresh one, as it does after anything else tore a group down."""
+    the next trainer starts a fresh one, as it does after anything else tore a group down. The launcher variables
+    init_distributed set for it go too: a CLI subprocess or TRL started later would take them for a launcher's."""
     yield
     if "hubgym.train.engine" in sys.modules:
         from hubgym.train import engine
 
         if engine._OWN_GROUP and not engine._launched():
             engine.shutdown()
+            for name in engine._OWN_GROUP:
+                os.environ.pop(name, None)
+            engine._OWN_GROUP.clear()
