@@ -292,6 +292,8 @@ def test_many_envs_check_each_default_config_and_config_all_checks_every_one(tmp
 
     default = hubgym("check", tmp_path, "--jobs", "2", "--max-rows", "2")  # each env's default config
     assert default.exit_code == 0, default.output
+    done = sorted(line.split(": ")[1] for line in default.output.splitlines() if line.startswith("checked "))
+    assert done == [str(tmp_path / "fine"), str(tmp_path / "two_configs")]  # a line per env: no terminal, no bar
     every = hubgym("check", tmp_path, "--jobs", "2", "--max-rows", "2", "--config", "all")
     assert every.exit_code == 1
     assert "FAIL two_configs" in every.output and "config='broken'" in every.output and "FAIL fine" not in every.output

@@ -194,11 +194,19 @@ def _check_in_parallel(names: list[str], configs: Configs, max_rows: int, jobs: 
     jobs = jobs or default_jobs()
     columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("envs"), TimeElapsedColumn())
-    with Progress(*columns, console=console(), transient=True) as progress:
+    out, finished = console(), []
+
+    def done(name: str) -> None:
+        progress.update(bar, advance=1)
+        finished.append(name)
+        if not out.is_terminal:  # a log file gets no bar: a line per env, so a long run shows how far it got
+            out.print(f"checked {len(finished)} of {len(names)} envs: {name}", soft_wrap=True)
+
+    with Progress(*columns, console=out, transient=True) as progress:
         bar = progress.add_task(f"checking {len(names)} envs, {jobs} at a time", total=len(names))
         results = check_many(names, jobs=jobs, timeout=timeout, configs=configs, max_rows=max_rows, build_rows=max_rows,
                              on_result=lambda r: progress.update(bar, description=f"{r.env}: {r.check} done"),
-                             on_done=lambda name: progress.update(bar, advance=1))
+                             on_done=done)
     return results
 
 @app.command()
