@@ -75,14 +75,11 @@ def measure(folder: str, layout: str, settings: dict) -> dict:
 
 
 def engine_settings(folder: str) -> dict:
-    """The LLM(...) arguments hubgym's offline engine passes for this folder, less its weight receiver and the
-    executor (the side measured)."""
-    from hubgym.engines import EngineSettings
-    from hubgym.models import context_length
+    """The LLM(...) arguments bench_startup.py passes for hubgym's offline engine (the executor, the side measured,
+    left out), with enforce_eager."""
+    from bench_startup import engine_settings as offline_engine_settings
 
-    length = context_length(folder, None)
-    return {"max_model_len": length, "seed": 0, "enable_prefix_caching": True, "enable_chunked_prefill": False,
-            "max_num_batched_tokens": max(8192, length), **EngineSettings(enforce_eager=True).vllm_args()}
+    return {**offline_engine_settings(folder), "enforce_eager": True}
 
 
 def bench_model(name: str, rounds: int) -> dict[str, list[dict]]:
