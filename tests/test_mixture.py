@@ -271,12 +271,14 @@ def test_rollout_samples_a_mixture_and_resumes(tiny_model, tmp_path):
     from hubgym.hub.rollouts import iter_rollouts
     from hubgym.engines import SamplingArgs
     from hubgym.rollout import RolloutConfig, run_rollouts
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
 
     spec = tmp_path / "mix.yaml"
     spec.write_text(MIX_SPEC)
     config = RolloutConfig(envs=[], mix=str(spec), tasks=6, model=str(tiny_model), out=str(tmp_path / "r"), n=2,
                            sampling=SamplingArgs(max_tokens=4, seed=3), max_model_len=512)
     first = run_rollouts(config, progress=False)
+    assert not model_parallel_is_initialized()  # the engine this run started closed with it (its core ran here)
     rows = list(iter_rollouts([tmp_path / "r"]))
     assert first.written == len(rows) == 12 and len({r["task_id"] for r in rows}) == 6
     assert {r["env"] for r in rows} <= {"arithmetic", "reverse_text"}

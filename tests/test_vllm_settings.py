@@ -106,7 +106,9 @@ def test_bfloat16_runs_on_this_cpu(tiny_model):
 
 
 ONE_PROCESS_GROUP = r"""
+import gc
 import torch.distributed as dist
+from vllm.distributed.parallel_state import model_parallel_is_initialized
 from hubgym.engines import VLLMEngine
 from hubgym.train.engine import init_distributed
 
@@ -124,6 +126,14 @@ if __name__ == "__main__":
     print("alone:", core(engine), dist.is_initialized())
     engine.close()
     print("closed:", dist.is_initialized())
+    dropped = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
+    dropped.cycle = dropped  # never closed and held by a cycle: vLLM's finalizer runs when the collector gets to it
+    del dropped
+    engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
+    gc.unfreeze()  # as the next close() of any engine does
+    gc.collect()
+    print("after a dropped engine:", core(engine), model_parallel_is_initialized())
+    engine.close()
     init_distributed()  # a trainer's group, then an engine beside it
     engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
     print("beside a group:", core(engine), vllm_processes())
@@ -135,7 +145,8 @@ if __name__ == "__main__":
 @pytest.mark.slow
 def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny_model, tmp_path):
     """With VLLM_ENABLE_V1_MULTIPROCESSING=0 a core in this process joins torch.distributed's global group: it
-    leaves it when the engine closes (a trainer started next starts clean), and where this process is in a group
+    leaves it when the engine closes (a trainer started next starts clean), an engine dropped without closing is
+    collected before the next core starts (not torn down later, under it), and where this process is in a group
     already (a trainer's) the core runs in a process of its own, the model's worker inside it (on the CPU too, where
     vLLM would start the worker in a third process), and the group outlives the engine."""
     script = tmp_path / "one_group.py"
@@ -145,7 +156,7 @@ def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny
     done = subprocess.run([sys.executable, str(script), str(tiny_model)], capture_output=True, text=True, env=env,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in ("alone", "closed", "beside a group",
-                                                                                "group kept")]
-    assert lines == ["alone: InprocClient True", "closed: False", "beside a group: SyncMPClient ['VLLM::EngineCore']",
-                     "group kept: True"], done.stdout[-2000:]
+    phases = ("alone", "closed", "after a dropped engine", "beside a group", "group kept")
+    lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in phases]
+    assert lines == ["alone: InprocClient True", "closed: False", "after a dropped engine: InprocClient True",
+                     "beside a group: SyncMPClient ['VLLM::EngineCore']", "group kept: True"], done.stdout[-2000:]

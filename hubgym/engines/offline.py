@@ -102,6 +102,7 @@ class VLLMEngine:
     def _start(self) -> None:
         import vllm
 
+        _collect_dropped_engines()
         separate = self.separate_core or _holds_process_group()
         with _without_rendezvous_env(), engine_process_env(), _separate_core(separate):
             self.llm = vllm.LLM(**self.llm_args)  # vLLM's processes die with this one (reaper.py)
@@ -299,6 +300,21 @@ def _worker_in_core(checked: dict[str, Any]) -> dict[str, Any]:
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
     return {"distributed_executor_backend": UniProcExecutor}
+
+
+def _collect_dropped_engines() -> None:
+    """Finish off engines dropped without `close()` (held by a reference cycle) before another one starts.
+
+    vLLM tears a core that ran in this process down in a finalizer, whenever the garbage collector reaches the
+    dropped engine; the core freezes the heap when it starts, so that can be long after, once some engine's
+    `close()` unfreezes it. The teardown ends this process's torch.distributed group and vLLM's parallel state,
+    which a core started since shares: the newer engine lost its groups mid-start ("tensor model parallel group is
+    not initialized"). Until then the dropped core's group also made every new engine start a core process of its
+    own. Collected here, a dropped engine is gone before the new one looks at the process group."""
+    import gc
+
+    gc.unfreeze()
+    gc.collect()
 
 
 @contextlib.contextmanager

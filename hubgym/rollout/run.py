@@ -289,7 +289,8 @@ class RunSummary:
 def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True,
                  listener: RunListener | None = None) -> RunSummary:
     """Generate, score and store rollouts for every task of this worker; resumes a previous run. Ctrl-C stores
-    the groups already finished and raises KeyboardInterrupt. `listener` hears what the progress bar shows."""
+    the groups already finished and raises KeyboardInterrupt. `listener` hears what the progress bar shows.
+    An engine given is the caller's to close; one this run starts closes with it."""
     run_id = config.run_id()
     check_chat_options(config)
     envs = load_run_envs(config)
@@ -303,18 +304,23 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                 and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
         skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards))
         skipped = (skipped - len(todo)) * config.n
+        owned = engine is None
         engine = engine or engine_for(config)
-        renderer = make_renderer(engine, config.model, **config.chat_options())
-        if early is None:
-            check_tools_rendered(renderer, envs, config.model)
-        started = time.perf_counter()
-        stats = {"written": 0, "tokens": 0}
         try:
-            interrupted = asyncio.run(until_done_or_ctrl_c(
-                _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs, listener)))
+            renderer = make_renderer(engine, config.model, **config.chat_options())
+            if early is None:
+                check_tools_rendered(renderer, envs, config.model)
+            started = time.perf_counter()
+            stats = {"written": 0, "tokens": 0}
+            try:
+                interrupted = asyncio.run(until_done_or_ctrl_c(
+                    _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs, listener)))
+            finally:
+                writer.flush()
+                writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
         finally:
-            writer.flush()
-            writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))
+            if owned:  # not left to the garbage collector: a core in this process would tear a later one down
+                engine.close()
     if interrupted:  # after the flush: every finished group is stored, and the same config resumes the run
         raise KeyboardInterrupt
     return RunSummary(Path(config.out), run_id, stats["written"], skipped, writer.shards(),
