@@ -16,12 +16,13 @@ from helpers.engines import ENGINE_PROCESSES
 from hubgym.hub.rollouts import iter_rollouts
 
 pytestmark = pytest.mark.slow
-TASKS, N = 100, 8  # 800 rollouts: the first shard (512 rows) is written well before the end
+TASKS, N, SHARD = 40, 8, 64  # 320 rollouts: the first shard (64 rows) is written well before the end
 
 
 def rollout_command(model: Path, out: Path) -> list[str]:
     return [str(Path(sys.executable).with_name("hubgym")), "rollout", "arithmetic:medium", "--model", str(model),
-            "--n", str(N), "--limit", str(TASKS), "--max-tokens", "64", "--max-model-len", "1024", "--out", str(out)]
+            "--n", str(N), "--limit", str(TASKS), "--max-tokens", "64", "--max-model-len", "1024",
+            "--set", f"max_rows_per_shard={SHARD}", "--out", str(out)]
 
 
 def test_ctrl_c_stops_hubgym_rollout_and_the_same_command_completes_the_run(tiny_model, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 from helpers.engines import ENGINE_PROCESSES
 from hubgym.hub.rollouts import iter_rollouts
 
-TASKS, N = 40, 4  # 160 rollouts: fewer than a shard holds, so a shard on disk mid-run was written by time
+TASKS, N = 16, 4  # 64 rollouts: fewer than a shard holds, so a shard on disk mid-run was written by time
 
 
 def wait_for(condition, what: str, timeout_s: float = 600) -> None:

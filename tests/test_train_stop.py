@@ -34,7 +34,7 @@ def engine(tiny_model):
 def producer(model, out, stop: threading.Event) -> OnlineProducer:
     # Long replies (the random model rarely stops by itself), so a step is still sampling when it is stopped.
     return OnlineProducer([("arithmetic:tiny", 1.0)], split="train", model=str(model), out_dir=out, n=N,
-                          sampling=SamplingArgs(max_tokens=900), max_model_len=1024, stop=stop)
+                          sampling=SamplingArgs(max_tokens=200), max_model_len=1024, stop=stop)
 
 
 def until(condition, what: str, limit_s: float = 120.0) -> None:
@@ -78,7 +78,7 @@ def test_a_stopped_step_stores_nothing_and_is_sampled_whole_on_resume(engine, ti
 
 def train_command(model: Path, out: Path) -> list[str]:
     sets = [f"model={model}", f"output_dir={out}", "online.steps=3", "checkpoint_every=1", "eval.limit=0",
-            f"batch.groups_per_step={GROUPS}", f"grpo.n={N}", "sampling.max_tokens=600", "grpo.zero_variance=keep"]
+            f"batch.groups_per_step={GROUPS}", f"grpo.n={N}", "sampling.max_tokens=200", "grpo.zero_variance=keep"]
     return [str(Path(sys.executable).with_name("hubgym")), "train", "tiny",
             *[arg for s in sets for arg in ("--set", s)]]
 
