@@ -28,7 +28,7 @@ from hubgym.rollout.run import mine
 from hubgym.verifiers import arithmetic as arithmetic_verifier
 
 HUBGYM = str(Path(sys.executable).with_name("hubgym"))
-TASKS, N, MAX_TOKENS = 40, 4, 256  # 20 groups of long replies a worker, two at a time: well past a first flush
+TASKS, N, MAX_TOKENS = 24, 4, 256  # 12 groups of long replies a worker, two at a time: well past a first flush
 WORKERS = 2
 
 
