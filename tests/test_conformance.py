@@ -242,3 +242,20 @@ def test_build_rows_caps_every_build_of_a_check(tmp_path):
     assert {split: len(table) for split, table in ctx.build("easy", 2).items()} == {"train": 5, "test": 5}
     assert {split: len(table) for split, table in ctx.hash_seed_build("easy").items()} == {"train": 5, "test": 5}
     assert [r.check for r in check_env("arithmetic", configs=["easy"], max_rows=3, build_rows=5) if r.failed] == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)  # the old second process never answered such a builder: the check waited forever
+def test_a_builder_that_prints_without_a_newline_passes_the_hash_seed_check(tmp_path):
+    """Whatever a builder prints (reasoning-gym's bf compiler prints dots with no newline; a C extension may write
+    to file descriptor 1) stays out of the answers of the process that builds it under another hash seed."""
+    env = tmp_path / "chatty"
+    shutil.copytree(Path(__file__).parent / "broken_envs" / "baseline", env)
+    builder = env / "builder.py"
+    source = builder.read_text().replace('ENV = "baseline"', 'ENV = "chatty"')
+    builder.write_text(source.replace("        for word in", "        print('.', end='')\n"
+                                      "        os.write(1, b'..')\n        for word in").replace(
+        "import random", "import os\nimport random"))
+    results = check_env(str(env))
+    assert {r.check: r.ok for r in results}["check_rows_independent_of_hash_seed"]
+    assert [r.check for r in results if r.failed] == []

@@ -67,7 +67,7 @@ def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str,
 
 
 REPLY = "HUBGYM-REBUILD-REPLY "
-"""How the second process marks its answers on stdout (a builder may print lines of its own there)."""
+"""How the second process marks its answers on its stdout (where nothing else is written: `serve`)."""
 
 
 class _Worker:
@@ -134,9 +134,15 @@ def _load(ref: str) -> type:
 
 def serve() -> None:
     """The second process: for each request line, build each config and save it where the first process reads
-    it, then answer one marked line (the error's last line, or none)."""
+    it, then answer one marked line (the error's last line, or none).
+
+    The answers go out on a private copy of stdout; stdout itself is pointed at stderr, so whatever a builder
+    prints (reasoning-gym's bf compiler prints dots with no newline) can never run into an answer's line."""
     from hubgym.envs.build import build_tasks
 
+    answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
+    sys.stdout.flush()
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for line in sys.stdin:
         request = json.loads(line)
         try:
@@ -150,7 +156,7 @@ def serve() -> None:
             error = None
         except Exception as exc:  # noqa: BLE001 - reported to the first process, which names the env and the fix
             error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        print(REPLY + json.dumps({"error": error}), flush=True)
+        print(REPLY + json.dumps({"error": error}), file=answers, flush=True)
 
 
 if __name__ == "__main__":
