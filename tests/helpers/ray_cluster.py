@@ -16,6 +16,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,11 +25,20 @@ from pathlib import Path
 
 import psutil
 
-from hubgym.engines.server import free_port
 
 RAY = str(Path(sys.executable).with_name("ray"))
 PORT_OPTIONS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
                 "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port")
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different free ports. Each socket stays bound until all are picked: ports picked one at a time
+    may repeat (the OS can hand a just-closed port out again), and Ray refuses two components on one port."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 class LocalRayCluster:
@@ -41,18 +51,18 @@ class LocalRayCluster:
         self.address: str | None = None
 
     def start_head(self, num_cpus: int) -> str:
-        port = free_port()
+        port, client, *ports = free_ports(2 + len(PORT_OPTIONS))
         self.address = f"127.0.0.1:{port}"
-        self._start(["--head", "--port", str(port), "--ray-client-server-port", str(free_port()),
-                     "--include-dashboard", "false", "--temp-dir", str(self.root / "t")], num_cpus)
+        self._start(["--head", "--port", str(port), "--ray-client-server-port", str(client),
+                     "--include-dashboard", "false", "--temp-dir", str(self.root / "t")], num_cpus, ports)
         return self.address
 
     def add_node(self, num_cpus: int, wrapper: list[str] | None = None) -> None:
         assert self.address, "start the head first"
-        self._start(["--address", self.address], num_cpus, wrapper or [])
+        self._start(["--address", self.address], num_cpus, free_ports(len(PORT_OPTIONS)), wrapper or [])
 
-    def _start(self, args: list[str], num_cpus: int, wrapper: list[str] | None = None) -> None:
-        ports = [arg for option in PORT_OPTIONS for arg in (option, str(free_port()))]
+    def _start(self, args: list[str], num_cpus: int, free: list[int], wrapper: list[str] | None = None) -> None:
+        ports = [arg for option, port in zip(PORT_OPTIONS, free) for arg in (option, str(port))]
         log = self.root / f"node{len(self.nodes)}.log"
         command = [*(wrapper or []), RAY, "start", "--block", "--node-ip-address", "127.0.0.1", "--num-cpus",
                    str(num_cpus), "--num-gpus", "0", "--disable-usage-stats", "--object-store-memory",
