@@ -12,6 +12,7 @@ is not ready within `startup_timeout_s`, raises `EngineError` with the tail of i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -29,9 +30,18 @@ from hubgym.errors import EngineError
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different free ports. Each socket stays bound until all are picked: ports picked one at a time
+    may repeat (the OS can hand a just-closed port out again), and a server with several ports (Ray's) refuses
+    two of its components on one."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
 
 
 class VLLMServer:

@@ -16,7 +16,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,20 +24,11 @@ from pathlib import Path
 
 import psutil
 
+from hubgym.engines.server import free_ports
 
 RAY = str(Path(sys.executable).with_name("ray"))
 PORT_OPTIONS = ("--node-manager-port", "--object-manager-port", "--metrics-export-port", "--runtime-env-agent-port",
                 "--dashboard-agent-grpc-port", "--dashboard-agent-listen-port")
-
-
-def free_ports(count: int) -> list[int]:
-    """`count` different free ports. Each socket stays bound until all are picked: ports picked one at a time
-    may repeat (the OS can hand a just-closed port out again), and Ray refuses two components on one port."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 class LocalRayCluster:
