@@ -258,6 +258,64 @@ def test_rescore_shard_reports_a_corrupted_shard_without_writing(run, tmp_path):
     assert part.error and "sha256" in part.error and not part.done and not (tmp_path / "x.arrow").exists()
 
 
+def visible_files(folder: Path) -> dict[str, bytes]:
+    """What a reader of `folder` sees: every file not hidden, by its path inside the folder."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".")}
+
+
+KILL_AFTER_FIRST_SHARD = """
+import os, signal, sys
+from hubgym.score import rescore
+rescore(sys.argv[1], out=sys.argv[2], workers=1, progress=lambda done, total: os.kill(os.getpid(), signal.SIGKILL))
+"""
+
+
+def test_a_re_score_that_fails_is_stopped_or_is_killed_leaves_out_as_it_found_it(run, tmp_path):
+    """All or nothing: shards scored before a bad shard, a Ctrl-C or a SIGKILL never read as OUT's run, and
+    the previous re-score in OUT stays whole; a second re-score cannot write to OUT while one runs."""
+    import subprocess
+    import sys
+
+    from hubgym.errors import NoShardsError, RunFolderError, ShardError
+    from hubgym.hub.rollouts import iter_rollouts
+    from hubgym.score.output import RescoreOutput
+
+    out, fresh = tmp_path / "out", tmp_path / "fresh"
+    previous = rescore(run, out=out, workers=1)
+    kept = visible_files(out)
+    bad = sorted((run / "shards").glob("*.arrow"))[-1]
+    good_bytes = bad.read_bytes()
+    flipped = bytearray(good_bytes)
+    flipped[len(flipped) // 2] ^= 0xFF
+
+    def interrupt(done, total):
+        raise KeyboardInterrupt
+
+    bad.write_bytes(bytes(flipped))
+    for folder in (out, fresh):
+        with pytest.raises(ShardError, match=bad.name):
+            rescore(run, out=folder, workers=1)
+    bad.write_bytes(good_bytes)
+    with pytest.raises(KeyboardInterrupt):
+        rescore(run, out=out, workers=1, progress=interrupt)
+    killed = subprocess.run([sys.executable, "-c", KILL_AFTER_FIRST_SHARD, str(run), str(out)])
+    assert killed.returncode == -9
+    assert visible_files(out) == kept and len(list(iter_rollouts(out))) == previous.rows
+    assert not [p for p in (fresh / "shards").iterdir() if p.name.startswith(".partial-")]
+    with pytest.raises(NoShardsError):
+        list(iter_rollouts(fresh))
+    assert [p.name for p in (out / "shards").iterdir() if p.name.startswith(".partial-")], "the kill left its staging"
+
+    held = RescoreOutput(out, [run])
+    with pytest.raises(RunFolderError, match="being written"):
+        rescore(run, out=out, workers=1)
+    held.close()
+    again = rescore(run, out=out, workers=1)  # removes what the killed one staged
+    assert visible_files(out).keys() == kept.keys() and not list((out / "shards").glob(".partial-*"))
+    assert again.rows == previous.rows and len(list(iter_rollouts(out))) == previous.rows
+
+
 def test_a_bundle_of_shards_writes_the_bytes_each_shard_alone_writes(tmp_path):
     from hubgym.hub.rollout_reader import shard_sources
 

@@ -2,29 +2,34 @@
 
     OUT/
       shards/w000of001-00000.arrow     every original column + rescore_* columns (Arrow IPC file)
-      manifest-w000of001.json          written last: sources, verifiers (module + sha256), counts,
-                                       and each shard's rows and sha256
+      manifest-w000of001.json          sources, verifiers (module + sha256), counts, and each shard's rows and sha256
 
-So `hubgym report`, `hubgym push-rollouts` and the trainer's stream read it like any run. Shards
-are written atomically and the manifest after the last one: a folder without a manifest is an
-interrupted re-score. Running again replaces the previous re-score in OUT (only its own files).
+So `hubgym report`, `hubgym push-rollouts` and the trainer's stream read it like any run. A re-score is all
+or nothing: its shards are written under hidden names (`shards/.partial-<id>-...`, which no reader reads),
+and only once every row is scored does `finish` remove the previous re-score in OUT (only its own files),
+write the manifest and give the shards their names. A re-score that fails, is stopped, or is killed leaves
+OUT as it found it, a previous re-score included (a kill leaves hidden files, removed by the next re-score).
+One re-score writes to OUT at a time (a lock held while it runs).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
 from hubgym.errors import RescoreError
 from hubgym.files import atomic_write_bytes
 from hubgym.hub.manifest import read_run_manifest
+from hubgym.rollout.runlock import RunLock
 from hubgym.rollout.writer import worker_name
 from hubgym.schemas.version import SCHEMA_VERSION
 
 WORKER = worker_name(0, 1)
 MANIFEST = f"manifest-{WORKER}.json"
+PARTIAL = ".partial-"  # staged shards: hidden, so a reader never takes them for a run
 
 
 class RescoreOutput:
@@ -32,22 +37,35 @@ class RescoreOutput:
         self.dir = Path(out)
         self.shard_dir = self.dir / "shards"
         _check_apart(self.dir, sources)
-        _clear_previous(self.dir)
+        self._lock = RunLock(self.dir, "rescore")
+        try:
+            _previous(self.dir)  # refuses a folder holding another kind of run before any work is done
+            for stale in self.shard_dir.glob(f"{PARTIAL}*"):  # left by a killed re-score
+                stale.unlink()
+        except BaseException:
+            self._lock.release()
+            raise
         self.shard_dir.mkdir(parents=True, exist_ok=True)
+        self._stage = f"{PARTIAL}{uuid.uuid4().hex[:8]}-"
         self.files: dict[str, dict[str, Any]] = {}
 
     def path(self, index: int) -> Path:
-        """Where output shard `index` goes (its input shard's or batch's place in the source)."""
-        return self.shard_dir / f"{WORKER}-{index:05d}.arrow"
+        """Where output shard `index` is written (its input shard's or batch's place in the source), staged."""
+        return self.shard_dir / f"{self._stage}{_name(index)}"
 
     def record(self, written: dict[str, Any]) -> None:
         """Note a shard written to `path(...)` (by this process or a worker): its name, rows and sha256."""
-        self.files[written["name"]] = {"rows": written["rows"], "sha256": written["sha256"]}
+        self.files[written["name"].removeprefix(self._stage)] = {"rows": written["rows"], "sha256": written["sha256"]}
 
     def shards(self) -> list[Path]:
+        """The output shards, under the names `finish` gives them."""
         return [self.shard_dir / name for name in self.files]
 
     def finish(self, run_id: str, rescore: dict[str, Any], envs: dict[str, dict]) -> Path:
+        """Replace the previous re-score with this one: the manifest first, then the shards' names (a kill in
+        between leaves a manifest naming missing shards, which readers refuse, never a partial run they read)."""
+        for stale in _previous(self.dir):
+            stale.unlink()
         manifest = {
             "schema_version": SCHEMA_VERSION, "run_id": run_id, "worker": WORKER, "kind": "rescore",
             "rescore": rescore, "envs": envs, "rows": sum(f["rows"] for f in self.files.values()),
@@ -56,7 +74,19 @@ class RescoreOutput:
         }
         path = self.dir / MANIFEST
         atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
+        for name in self.files:
+            (self.shard_dir / f"{self._stage}{name}").rename(self.shard_dir / name)
         return path
+
+    def close(self) -> None:
+        """Remove what this re-score staged and did not finish (a skipped shard's, or all of a failed one's)."""
+        for staged in self.shard_dir.glob(f"{self._stage}*"):
+            staged.unlink(missing_ok=True)
+        self._lock.release()
+
+
+def _name(index: int) -> str:
+    return f"{WORKER}-{index:05d}.arrow"
 
 
 def _check_apart(out: Path, sources: list[Path]) -> None:
@@ -70,12 +100,11 @@ def _check_apart(out: Path, sources: list[Path]) -> None:
                                f"stored ones; write them to a folder of their own, e.g. --out {source}-rescored")
 
 
-def _clear_previous(out: Path) -> None:
-    """Remove a previous re-score's files from OUT; refuse a folder that holds anything else's run."""
+def _previous(out: Path) -> list[Path]:
+    """A previous re-score's files in OUT; RescoreError if OUT holds anything else's run."""
     manifests = sorted(out.glob("manifest-*.json"))
     for manifest in manifests:
         if read_run_manifest(manifest).get("kind") != "rescore":  # a damaged one is ManifestError naming it
             raise RescoreError(f"{out} holds a rollout run ({manifest.name}); re-scored shards go to a folder of "
                                f"their own: choose another --out")
-    for stale in [*out.glob(f"shards/{WORKER}-*.arrow"), *manifests]:
-        stale.unlink()
+    return [*out.glob(f"shards/{WORKER}-*.arrow"), *manifests]

@@ -42,7 +42,7 @@ from hubgym.score.output import RescoreOutput
 from hubgym.score.scoring import score_batch, score_ipc, slim, to_ipc
 from hubgym.score.shards import (GROUP_ROWS, ShardResult, check_columns, diff_rows, rescore_shards, with_scores,
                                  write_shard)
-from hubgym.score.stored import Source, open_source
+from hubgym.score.stored import Source, StoredRollouts, open_source
 Progress = Callable[[int, "int | None"], None]  # (rows just re-scored, total rows if known)
 
 __all__ = ["RescoreResult", "plot_diff", "rescore"]
@@ -85,8 +85,24 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
     choice = VerifierChoice(verifier, env_revision, trust=trust, pin=pin, hub=hub)
     stored = open_source(source, hub=hub, skip_bad=skip_bad)
     output = RescoreOutput(out, stored.local) if out is not None else None
+    try:
+        result, run_ids = _score_all(stored, choice, output, scorer or Scorer(workers, stored.rows), skip_bad,
+                                     progress)
+        result.seconds = time.perf_counter() - started
+        if output:
+            result.manifest = output.finish(_run_id(run_ids), _record(result, stored.names, verifier, env_revision),
+                                            _envs(result.verifiers))
+    finally:
+        if output:
+            output.close()  # a failed or stopped re-score leaves no output shard behind
+    return result
+
+
+def _score_all(stored: StoredRollouts, choice: VerifierChoice, output: RescoreOutput | None, scorer: "Scorer",
+               skip_bad: bool, progress: Progress | None) -> tuple[RescoreResult, set]:
+    """Every row of `stored` scored (output shards staged), its diff, and the run ids the rows came from."""
     tally, run_ids = Tally(background=True), set()
-    with scorer or Scorer(workers, stored.rows) as scorer:
+    with scorer:
         if stored.shards is not None:  # local shard files: workers read them themselves
             parts = _shard_parts(scorer, choice, stored.shards, output, skip_bad)
         else:  # a hub stream or record batches: batches go to the workers
@@ -98,14 +114,9 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
             if progress:
                 progress(part.rows, stored.rows)
     diff = tally.result()
-    result = RescoreResult(int(diff.counts["rows"].sum()), int(diff.counts["changed"].sum()), diff.summary,
-                           diff.changes, diff.counts, diff.pairs, dict(choice.specs), choice.unused(),
-                           output.shards() if output else [], None, 0.0)
-    result.seconds = time.perf_counter() - started
-    if output:
-        result.manifest = output.finish(_run_id(run_ids), _record(result, stored.names, verifier, env_revision),
-                                        _envs(result.verifiers))
-    return result
+    return RescoreResult(int(diff.counts["rows"].sum()), int(diff.counts["changed"].sum()), diff.summary,
+                         diff.changes, diff.counts, diff.pairs, dict(choice.specs), choice.unused(),
+                         output.shards() if output else [], None, 0.0), run_ids
 
 
 def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSource], output: RescoreOutput | None,
