@@ -1,5 +1,8 @@
 """`kill -9` of hubgym: the processes its vLLM engine started die with it, the groups it finished more than a few
-seconds before are on disk, and the same command then completes the run with no rollout twice or left out."""
+seconds before are on disk, and the same command then completes the run with no rollout twice or left out.
+
+The two runs also prove vLLM's logging as users see it: the killed one, up to the kill (engine started, weights
+loaded, groups sampled), shows no vLLM line from any of its processes; the resume, with `--verbose`, shows them."""
 
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import psutil
 import pyarrow as pa
 import pytest
 
-from helpers.engines import ENGINE_PROCESSES
+from helpers.engines import ENGINE_PROCESSES, LOADING, VLLM_INFO, VLLM_WARNING
 from hubgym.hub.rollouts import iter_rollouts
 
 TASKS, N = 16, 4  # 64 rollouts: fewer than a shard holds, so a shard on disk mid-run was written by time
@@ -70,6 +73,12 @@ def command(model: Path, out: Path) -> list[str]:
             "--out", str(out)]
 
 
+def user_env() -> dict[str, str]:
+    """The environment of a user's shell: vLLM's engine processes, and no vLLM log level set (this worker's own
+    engines may have set one in os.environ)."""
+    return {**{k: v for k, v in os.environ.items() if not k.startswith("VLLM_LOGGING")}, **ENGINE_PROCESSES}
+
+
 def stored_rows(out: Path) -> int:
     """Rows in the shard files (each one complete: shards are written atomically), read without the manifest."""
     return sum(pa.ipc.open_file(str(p)).read_all().num_rows for p in (out / "shards").glob("*.arrow"))
@@ -85,7 +94,7 @@ def test_sigkill_of_hubgym_rollout_takes_vllm_with_it_and_the_same_command_compl
     out = tmp_path / "run"
     with open(tmp_path / "log", "w") as log:
         proc = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True,
-                                env={**os.environ, **ENGINE_PROCESSES})  # the processes a user's engine has
+                                env=user_env())
     hubgym, descendants = psutil.Process(proc.pid), []
     try:
         # Groups finish two at a time; the first ones are on disk after flush_every_s though no shard is full.
@@ -107,10 +116,15 @@ def test_sigkill_of_hubgym_rollout_takes_vllm_with_it_and_the_same_command_compl
     assert alive == [], [(p.pid, p.cmdline()) for p in alive]
     stored = stored_rows(out)
     assert flushed <= stored < TASKS * N and stored % N == 0  # whole groups only
+    quiet = (tmp_path / "log").read_text()  # the user set no level: vLLM's own lines stay out of it
+    assert VLLM_INFO.findall(quiet) == [] and VLLM_WARNING.findall(quiet) == [] and LOADING not in quiet, quiet
 
-    resumed = subprocess.run(command(tiny_model, out), capture_output=True, text=True, timeout=900)
+    resumed = subprocess.run([*command(tiny_model, out), "--verbose"], capture_output=True, text=True, timeout=900,
+                             env=user_env())
 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"({stored} already stored)" in " ".join(resumed.stdout.split())
+    verbose = resumed.stdout + resumed.stderr
+    assert {"MainProcess", "EngineCore"} <= set(VLLM_INFO.findall(verbose)) and LOADING in verbose  # both processes
     ids = [row["rollout_id"] for row in iter_rollouts([out])]
     assert len(ids) == TASKS * N and len(set(ids)) == len(ids)

@@ -11,4 +11,11 @@ which an engine core beside it would take over).
 
 from __future__ import annotations
 
+import re
+
 ENGINE_PROCESSES = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}  # for a subprocess's env: vLLM as users run it
+
+# vLLM's own log lines, as `hubgym --verbose` shows them: "(EngineCore pid=12) INFO 11-25 ..." (the process's name)
+VLLM_INFO = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) INFO ", re.M)
+VLLM_WARNING = re.compile(r"^\((\w+)(?:-\d+)? pid=\d+\) WARNING ", re.M)
+LOADING = "Loading safetensors checkpoint shards"  # vLLM's weight-loading bar, once per engine start and sync
