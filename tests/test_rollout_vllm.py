@@ -565,6 +565,21 @@ def test_a_killed_run_resumes_with_no_duplicate_and_no_missing_rollout(killed_ru
     again = run_rollouts(config, engine=engine, progress=False)
     assert (again.written, again.skipped) == (0, len(expected))
 
+    class WouldStartAnEngine(Exception):
+        pass
+
+    def no_engine(config):
+        raise WouldStartAnEngine
+    with pytest.MonkeyPatch.context() as patch:  # the finished run run again: nothing to sample, no engine started
+        patch.setattr("hubgym.rollout.run.engine_for", no_engine)
+        finished = run_rollouts(config, progress=False)
+        assert (finished.written, finished.skipped) == (0, len(expected))
+        (Path(config.out) / "manifest-w000of001.json").unlink()  # its manifest lost: the engine starts to write it
+        with pytest.raises(WouldStartAnEngine):
+            run_rollouts(config, progress=False)
+    assert run_rollouts(config, engine=engine, progress=False).written == 0
+    assert json.loads((Path(config.out) / "manifest-w000of001.json").read_text())["rows"] == len(expected)
+
 
 def test_two_workers_split_the_tasks_disjointly(engine, tmp_path):
     envs, both = ["arithmetic:easy", "reverse_text"], tmp_path / "two"

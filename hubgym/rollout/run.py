@@ -304,6 +304,8 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
                 and not all(rollout_id(run_id, t["id"], i) in done for i in range(config.n))]
         skipped = sum(1 for e in envs for t in e.tasks if mine(t["id"], config.shard_index, config.num_shards))
         skipped = (skipped - len(todo)) * config.n
+        if not todo and engine is None and writer.manifest_is_current():  # a finished run: no engine to start
+            return RunSummary(Path(config.out), run_id, 0, skipped, writer.shards(), 0.0, 0)
         owned = engine is None
         engine = engine or engine_for(config)
         try:

@@ -108,6 +108,10 @@ class ShardWriter:
     def shards(self) -> list[Path]:
         return sorted(self.shard_dir.glob(f"{self.worker}-*.arrow"))
 
+    def manifest_is_current(self) -> bool:
+        """The manifest on disk lists exactly this worker's shards, with their rows and sha256 as they are now."""
+        return self._recorded_files() == self.shard_files()
+
     def shard_files(self) -> dict[str, dict[str, Any]]:
         """{shard file name: {"rows", "sha256"}} of this worker's shards, for the manifest (readers verify with it)."""
         return {name: dict(info) for name, info in sorted(self._files.items())}
