@@ -63,9 +63,8 @@ class RescoreOutput:
 
     def finish(self, run_id: str, rescore: dict[str, Any], envs: dict[str, dict]) -> Path:
         """Replace the previous re-score with this one: the manifest first, then the shards' names (a kill in
-        between leaves a manifest naming missing shards, which readers refuse, never a partial run they read)."""
-        for stale in _previous(self.dir):
-            stale.unlink()
+        between leaves a manifest naming shards that are missing or not its own, which readers refuse)."""
+        stale = [p for p in _previous(self.dir) if p.name not in self.files and p.name != MANIFEST]
         manifest = {
             "schema_version": SCHEMA_VERSION, "run_id": run_id, "worker": WORKER, "kind": "rescore",
             "rescore": rescore, "envs": envs, "rows": sum(f["rows"] for f in self.files.values()),
@@ -75,7 +74,9 @@ class RescoreOutput:
         path = self.dir / MANIFEST
         atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
         for name in self.files:
-            (self.shard_dir / f"{self._stage}{name}").rename(self.shard_dir / name)
+            (self.shard_dir / f"{self._stage}{name}").replace(self.shard_dir / name)
+        for old in stale:  # the previous re-score's files this one does not replace
+            old.unlink()
         return path
 
     def close(self) -> None:
