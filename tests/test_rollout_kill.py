@@ -1,8 +1,10 @@
-"""`kill -9` of hubgym: the processes its vLLM engine started die with it, the groups it finished more than a few
-seconds before are on disk, and the same command then completes the run with no rollout twice or left out.
+"""Ctrl-C and `kill -9` of `hubgym rollout`, with the real vLLM engine and the tiny model: Ctrl-C stops the run with
+a message that says how to resume; after `kill -9` the processes its vLLM engine started die with it and the
+groups it finished more than a few seconds before are on disk; the same command then completes the run with no
+rollout twice or left out.
 
-The two runs also prove vLLM's logging as users see it: the killed one, up to the kill (engine started, weights
-loaded, groups sampled), shows no vLLM line from any of its processes; the resume, with `--verbose`, shows them."""
+The runs also prove vLLM's logging as users see it: the stopped ones, up to the stop (engine started, weights
+loaded, groups sampled), show no vLLM line from any of its processes; the resume, with `--verbose`, shows them."""
 
 from __future__ import annotations
 
@@ -90,24 +92,39 @@ def manifest_rows(out: Path) -> int:
 
 
 @pytest.mark.slow
-def test_sigkill_of_hubgym_rollout_takes_vllm_with_it_and_the_same_command_completes_the_run(tiny_model, tmp_path):
+def test_ctrl_c_then_sigkill_of_hubgym_rollout_and_the_same_command_completes_the_run(tiny_model, tmp_path):
+    """One run stopped twice, as users stop runs: a terminal's Ctrl-C (SIGINT to the whole process group, vLLM's
+    processes included), then `kill -9` of hubgym alone; the same command, with `--verbose`, then completes it."""
     out = tmp_path / "run"
-    with open(tmp_path / "log", "w") as log:
-        proc = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True,
-                                env=user_env())
-    hubgym, descendants = psutil.Process(proc.pid), []
+
+    with open(tmp_path / "log-1", "w") as log:
+        first = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True,
+                                 env=user_env())
+    wait_for(lambda: manifest_rows(out) > 0 or first.poll() is not None, "a first flush")
+    os.killpg(first.pid, signal.SIGINT)
+    first.wait(timeout=300)
+    said = (tmp_path / "log-1").read_text()
+    assert first.returncode == 130, said[-3000:]
+    assert "interrupted: the rollouts stored in" in said
+    stopped = stored_rows(out)
+    assert 0 < stopped < TASKS * N and stopped % N == 0
+
+    with open(tmp_path / "log-2", "w") as log:
+        second = subprocess.Popen(command(tiny_model, out), stdout=log, stderr=log, start_new_session=True,
+                                  env=user_env())
+    hubgym, descendants = psutil.Process(second.pid), []
     try:
-        # Groups finish two at a time; the first ones are on disk after flush_every_s though no shard is full.
-        wait_for(lambda: manifest_rows(out) > 0 or proc.poll() is not None, "a manifest that counts rows")
-        assert proc.poll() is None, (tmp_path / "log").read_text()[-3000:]
+        # Groups finish two at a time; the new ones are on disk after flush_every_s though no shard is full.
+        wait_for(lambda: manifest_rows(out) > stopped or second.poll() is not None, "a flush of the second run")
+        assert second.poll() is None, (tmp_path / "log-2").read_text()[-3000:]
         flushed = manifest_rows(out)
         engine = [p for p in hubgym.children(recursive=True) if "spawn_main" in " ".join(p.cmdline())
                   or p.name().startswith("VLLM")]
         descendants = hubgym.children(recursive=True)
-        assert engine and 0 < flushed < TASKS * N
+        assert engine and stopped < flushed < TASKS * N
 
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        os.kill(second.pid, signal.SIGKILL)
+        second.wait(timeout=60)
         _, alive = psutil.wait_procs(descendants, timeout=60)
     finally:  # whatever failed, nothing of this test keeps running
         for left in [hubgym, *descendants]:
@@ -116,8 +133,8 @@ def test_sigkill_of_hubgym_rollout_takes_vllm_with_it_and_the_same_command_compl
     assert alive == [], [(p.pid, p.cmdline()) for p in alive]
     stored = stored_rows(out)
     assert flushed <= stored < TASKS * N and stored % N == 0  # whole groups only
-    quiet = (tmp_path / "log").read_text()  # the user set no level: vLLM's own lines stay out of it
-    assert VLLM_INFO.findall(quiet) == [] and VLLM_WARNING.findall(quiet) == [] and LOADING not in quiet, quiet
+    for quiet in (said, (tmp_path / "log-2").read_text()):  # the user set no level: no vLLM line in either run
+        assert VLLM_INFO.findall(quiet) == [] and VLLM_WARNING.findall(quiet) == [] and LOADING not in quiet, quiet
 
     resumed = subprocess.run([*command(tiny_model, out), "--verbose"], capture_output=True, text=True, timeout=900,
                              env=user_env())

@@ -46,7 +46,7 @@ from hubgym.train.batch import MicroBatch
 from hubgym.train.config import ConfigError
 from hubgym.train.lora import LoraSettings, is_lora, merged_weights, wrap_lora
 from hubgym.train.metrics import merge_metrics, read_metrics, read_numbers
-from hubgym.train.ops import load_deepspeed_ops
+from hubgym.train.ops import load_deepspeed_ops, release_shm_names
 from hubgym.train.schedule import SCHEDULES, Schedule, make_scheduler
 
 LossFn = Callable[[torch.nn.Module, MicroBatch], tuple[torch.Tensor, dict[str, float]]]
@@ -121,8 +121,10 @@ def init_distributed(timeout_s: float = DIST_TIMEOUT_S) -> tuple[int, int]:
 
     `timeout_s` bounds the rendezvous of launched workers (env://: waiting for the other nodes) and every
     collective after it, under gloo and NCCL alike (hubgym.train.nodes says why 30 minutes). DeepSpeed's CPU op
-    is built or loaded first (hubgym.train.ops: never waiting on a build that died)."""
-    load_deepspeed_ops()
+    is built or loaded first (hubgym.train.ops: never waiting on a build that died), and the names of its
+    shared-memory buffers are released once every rank has mapped them (ops.release_shm_names: no run leaves RAM
+    behind)."""
+    cpu_op = load_deepspeed_ops()
     import deepspeed
 
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -141,6 +143,8 @@ def init_distributed(timeout_s: float = DIST_TIMEOUT_S) -> tuple[int, int]:
         os.environ.update(_OWN_GROUP)
     if not torch.distributed.is_initialized() or not deepspeed.comm.is_initialized():
         deepspeed.init_distributed(dist_backend=backend, timeout=timeout)
+        if cpu_op:
+            release_shm_names(torch.distributed.get_rank(), torch.distributed.get_world_size())
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 

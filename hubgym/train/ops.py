@@ -8,6 +8,12 @@ file `<TORCH_EXTENSIONS_DIR>/deepspeed_shm_comm/lock`, created when a build star
 build that is killed leaves it behind, and every later process would wait on it forever, silently. Here the op
 is loaded under a BatonWatch (hubgym.files.locks): a baton no live process holds open is removed, a wait longer than
 a few seconds names the process building, and a load that waited on a build that then died builds it itself.
+
+The op's buffers. When every rank runs on one machine (the deepspeed launcher's LOCAL_SIZE equals the world size),
+each rank creates a shared-memory buffer of about 66 MB (`/dev/shm/deepspeed_allreduce_buffer_<uid>_<addr>_<port>_
+<rank>`) and maps every rank's; DeepSpeed never unlinks them, so every such run, finished or killed, left them in
+RAM until the machine restarted. `release_shm_names` unlinks each rank's own once all have mapped them: the memory
+stays while a rank maps it and is freed when the last one exits, however it exits.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from pathlib import Path
 from hubgym.files.locks import BatonWatch
 
 EXTENSIONS_DIR = Path("~/.cache/hubgym/torch_extensions")  # DeepSpeed's JIT ops (~80 s to build), built once
+SHM_FOLDER = Path("/dev/shm")  # where Linux keeps POSIX shared memory (shm_open's names)
+SHM_BUFFER = "deepspeed_allreduce_buffer"  # the op's name prefix (deepspeed/ops/csrc/cpu/comm/shm.cpp)
 
 
 def extensions_dir() -> Path:
@@ -44,6 +52,29 @@ def load_deepspeed_ops() -> bool:
                 raise
             builder.load(verbose=False)  # the build this process waited on died unfinished: build it here
     return True
+
+
+def shm_buffer_path(rank: int) -> Path:
+    """The shared-memory file of `rank`'s allreduce buffer, named as the op names it from the rendezvous."""
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    return SHM_FOLDER / f"{SHM_BUFFER}_{os.getuid()}_{addr}_{port}_{rank}"
+
+
+def uses_shm_buffers(world_size: int) -> bool:
+    """Whether the op made buffers for this group: it does when every rank is local (LOCAL_SIZE == world size)."""
+    return os.environ.get("LOCAL_SIZE") == str(world_size)
+
+
+def release_shm_names(rank: int, world_size: int) -> None:
+    """Unlink this rank's buffer name once every rank has mapped every buffer (the op maps them all while the
+    group starts; the barrier waits until every rank is past that). Called by every rank, right after the group
+    starts: the condition is the same on every rank, so all of them reach the barrier or none does."""
+    if not uses_shm_buffers(world_size):
+        return
+    import torch.distributed
+
+    torch.distributed.barrier()
+    shm_buffer_path(rank).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

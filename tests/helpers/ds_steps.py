@@ -41,6 +41,7 @@ from hubgym.train.batch import MicroBatch
 from hubgym.train.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from hubgym.train.engine import DeepSpeedSettings, Policy, shutdown
 from hubgym.train.loss import LossSettings, make_loss_fn
+from hubgym.train.ops import shm_buffer_path, uses_shm_buffers
 from hubgym.train.reference import Reference
 
 POOL, PER_STEP, PROMPT = 8, 4, 4
@@ -143,6 +144,11 @@ def adam_steps(policy: Policy) -> int:
     return int(states[0]["step"]) if states else 0
 
 
+def shm_names() -> list[str]:
+    """This group's DeepSpeed allreduce buffers still named in /dev/shm (a killed rank would leave these)."""
+    return sorted(p.name for p in shm_buffer_path(0).parent.glob(shm_buffer_path(0).name[:-1] + "*"))
+
+
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("model")
@@ -170,7 +176,8 @@ def main() -> None:
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
     policy = Policy(args.model, DeepSpeedSettings(lr=1e-2, zero_stage=args.zero, gradient_checkpointing=args.grad_ckpt))
     share = args.split // policy.world_size  # micro-batches per rank
-    log: dict = {"world_size": policy.world_size, "steps": [], "nll_before": pool_nll(policy.logprobs(pool_batch()))}
+    log: dict = {"world_size": policy.world_size, "steps": [], "nll_before": pool_nll(policy.logprobs(pool_batch())),
+                 "shm_buffers_used": uses_shm_buffers(policy.world_size), "shm_names_while_running": shm_names()}
     reference = Reference(policy) if args.beta is not None else None
     start = 0
     if args.resume:
