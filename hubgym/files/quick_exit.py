@@ -26,7 +26,7 @@ def exit_now(code: object) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (AttributeError, OSError, ValueError):  # no stream, a closed pipe (`hubgym ... | head`) or a closed stream
+        except (AttributeError, OSError, ValueError):  # no stream, a closed one, a closed pipe (`hubgym ... | head`)
             pass
     os._exit(status)
 
