@@ -23,7 +23,22 @@ This module is imported inside vLLM's worker processes: it needs only vLLM and s
 
 from __future__ import annotations
 
+import gc
+import multiprocessing
+
 RECEIVER = "hubgym.train.vllm_receiver.WeightReceiver"
+
+
+def _freeze_engine_process_heap() -> None:
+    """In vLLM's engine process, where vLLM imports this module just before it loads the model: the objects alive
+    now (torch's, transformers', vLLM's) are left out of the five garbage collections vLLM makes while it
+    starts, 2 s of a CPU core there (hubgym.engines.offline._frozen_heap does the same where the core runs in the
+    calling process). vLLM freezes the heap itself once started and unfreezes it when it shuts down."""
+    if multiprocessing.current_process().name.startswith("EngineCore"):
+        gc.freeze()
+
+
+_freeze_engine_process_heap()
 
 
 class WeightReceiver:
