@@ -42,7 +42,7 @@ class DiesOfCtrlCFirst(VLLMEngine):
         return samples
 
 model, out, kill = sys.argv[1], sys.argv[2], sys.argv[3] == "kill"
-config = RolloutConfig(envs=["arithmetic:medium"], model=model, out=out, n=4, limit=60, concurrency=8,
+config = RolloutConfig(envs=["arithmetic:medium"], model=model, out=out, n=4, limit=60, concurrency=8 if kill else 32,
                        max_rows_per_shard=16, sampling=SamplingArgs(max_tokens=32))
 engine = (DiesOfCtrlCFirst if kill else VLLMEngine)(model, max_model_len=512)
 try:

@@ -136,8 +136,9 @@ def test_ctrl_c_then_sigkill_of_hubgym_rollout_and_the_same_command_completes_th
     for quiet in (said, (tmp_path / "log-2").read_text()):  # the user set no level: no vLLM line in either run
         assert VLLM_INFO.findall(quiet) == [] and VLLM_WARNING.findall(quiet) == [] and LOADING not in quiet, quiet
 
-    resumed = subprocess.run([*command(tiny_model, out), "--verbose"], capture_output=True, text=True, timeout=900,
-                             env=user_env())
+    # More groups at a time than the stopped runs (concurrency is not part of what a run samples: same run id).
+    resumed = subprocess.run([*command(tiny_model, out), "--set", "concurrency=16", "--verbose"], capture_output=True,
+                             text=True, timeout=900, env=user_env())
 
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"({stored} already stored)" in " ".join(resumed.stdout.split())
