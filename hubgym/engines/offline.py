@@ -327,13 +327,13 @@ def _frozen_heap(separate_core: bool) -> Iterator[None]:
     import gc
 
     gc.freeze()
-    started = False
     try:
         yield
-        started = True
-    finally:
-        if separate_core or not started:
-            gc.unfreeze()
+    except BaseException:
+        gc.unfreeze()
+        raise
+    if separate_core:
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
