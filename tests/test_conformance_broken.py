@@ -248,6 +248,27 @@ def test_a_check_that_cannot_run_is_reported_as_skipped_not_failed():
     assert [r.check for r in results.values() if r.failed] == ["check_deterministic_rows"]
 
 
+KEYED_ON = {  # faults keyed on something other than the clock that still give a reply one score, then another
+    "object identity": "0.5 if id(completion) % 3 == 0 else 0.0",
+    "a call counter (period 2)": "0.5 if next(CALLS) % 2 else 0.0",
+    "a call counter (period 3)": "0.5 if next(CALLS) % 3 == 0 else 0.0",
+}
+
+
+@pytest.mark.parametrize("key", list(KEYED_ON))
+def test_a_reward_keyed_on_identity_or_a_counter_is_not_blamed_on_the_clock(tmp_path, key):
+    """The clock is blamed only when one object scored under the two clocks, in an order no counter follows, gets
+    one score under each: identity and counters get the generic message, whatever the heap or the call count."""
+    folder = Path(shutil.copytree(ENVS / "partial_credit_by_identity", tmp_path / "partial_credit_by_identity"))
+    source = (folder / "verifier.py").read_text()
+    fault = "0.5 if id(completion) % 3 == 0 else 0.0"
+    assert fault in source
+    source = source.replace(fault, KEYED_ON[key]).replace("\nREWARDS = ", "\nCALLS = itertools.count()\nREWARDS = ")
+    (folder / "verifier.py").write_text(source.replace("\nfrom hubgym", "\nimport itertools\n\nfrom hubgym", 1))
+    with pytest.raises(EnvContractError, match=pin(BROKEN["partial_credit_by_identity"])):
+        assert_env_ok(str(folder))
+
+
 @pytest.mark.slow
 def test_a_batch_reward_drawn_at_random_fails_the_determinism_check_and_skips_the_batch_check(tmp_path):
     """Scores that change from call to call differ between batches too: that is check_scoring_deterministic's

@@ -30,7 +30,7 @@ from hubgym.builders.base import TaskBuilder
 from hubgym.envs.build import build_tasks, make_builder
 from hubgym.builders.clock import CHECK_CLOCKS, Clock, at_clock
 from hubgym.envs import resolve_env
-from hubgym.conformance.common import CheckSkipped, Sample
+from hubgym.conformance.common import CheckSkipped, Sample, same_score
 from hubgym.conformance.purity import Violation, purity_guard
 from hubgym.conformance.rebuild import build_elsewhere, hash_seeds, importable_ref
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierLoadError, Where
@@ -53,6 +53,8 @@ MAX_REPEATS = 16
 ATTEMPT_CLOCKS: dict[int, Clock] = {1: CHECK_CLOCKS[0], 2: CHECK_CLOCKS[1], 3: CHECK_CLOCKS[0]}
 """The clock of each build and scoring pass: the second differs from the first in every field of the date, the
 time and the zone; the third, made only to tell why the first two differ, repeats the first."""
+CLOCK_PATTERN = (1, 2, 2, 1, 1, 2)
+"""The clocks (keys of ATTEMPT_CLOCKS) a differing score is re-scored under before the clock is blamed."""
 _ORDINAL = {1: "first", 2: "second", 3: "third"}
 
 
@@ -176,16 +178,19 @@ class Context:
     def rescored(self) -> list[tuple[Sample, list[Score]]]:
         """The second pass: every sample scored again `repeats` times, under the second clock, each time on a fresh
         copy of its task and completion, all in one seeded shuffled order (so a reward that depends on call
-        order, object identity, a counter or chance shows, even at a low rate)."""
+        order, object identity, a counter or chance shows, even at a low rate; the copies all live to the end of
+        the pass, so no two share an address)."""
         def make() -> list[tuple[Sample, list[Score]]]:
             samples = self.samples
             repeats = max(2, min(MAX_REPEATS, -(-RESCORES // max(len(samples), 1))))
             order = [(i, r) for i in range(len(samples)) for r in range(repeats)]
             random.Random(len(order)).shuffle(order)
             scores: list[list[Score]] = [[] for _ in samples]
+            alive = []  # every copy lives to the end of the pass, so each has its own address (id)
             with at_clock(ATTEMPT_CLOCKS[2]):
                 for i, _ in order:
-                    scores[i].append(self.score_guarded(copy.deepcopy(samples[i]))[0])
+                    alive.append(copy.deepcopy(samples[i]))
+                    scores[i].append(self.score_guarded(alive[-1])[0])
             return list(zip(samples, scores))
 
         return self.resource("rescored", "scoring pass 2", make)
@@ -237,10 +242,18 @@ class Context:
                         for c in self.golden]
         return samples
 
-    def score_under_first_clock(self, sample: Sample) -> Score:
-        """Score one sample again under the first pass's clock (to tell the clock from randomness)."""
-        with at_clock(ATTEMPT_CLOCKS[3]):
-            return self.score_guarded(sample)[0]
+    def follows_the_clock(self, sample: Sample) -> tuple[Score, Score] | None:
+        """(score under the first clock, under the second) when scoring this very sample object under the two
+        clocks in the order of CLOCK_PATTERN gives one score under each; None otherwise. One object throughout, so
+        a reward keyed on object identity gives it one score under both; the pattern is not periodic, so a reward
+        keyed on a call counter or on chance breaks it."""
+        scores: dict[int, list[Score]] = {attempt: [] for attempt in set(CLOCK_PATTERN)}
+        for attempt in CLOCK_PATTERN:
+            with at_clock(ATTEMPT_CLOCKS[attempt]):
+                scores[attempt].append(self.score_guarded(sample)[0])
+        first, second = scores[1], scores[2]
+        steady = all(same_score(first[0], s) for s in first) and all(same_score(second[0], s) for s in second)
+        return (first[0], second[0]) if steady and not same_score(first[0], second[0]) else None
 
     def score_guarded(self, sample: Sample) -> tuple[Score, list[Violation]]:
         """Score one sample with network, file writes and processes refused; returns what was refused."""
