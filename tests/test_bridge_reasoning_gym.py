@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 
@@ -101,6 +102,35 @@ def test_bad_generator_output_is_one_error_naming_env_config_split_row_and_field
     with pytest.raises(EnvContractError, match="metadata that is not JSON") as info:
         rg.checked_entry("ab", {}, NonJsonDataset(), 0, Where("rg_ab", "default", "train"))
     assert info.value.where.field == "metadata"
+
+
+def test_what_a_generator_prints_stays_out_of_the_command_output(capfd, monkeypatch):
+    """`bf` prints each program's output as it runs it; any generator may print while it is made or asked for an
+    item. None of that is the row's, and none of it reaches stdout (a command's tables and JSON go there)."""
+    entries = rg.draw_entries("bf", "{}", 7, 2, frozenset(), Where("rg_bf", "default", "train"))
+    assert len(entries) == 2
+    import reasoning_gym
+
+    class PrintingDataset:
+        def __getitem__(self, index):
+            print(f"making item {index}")
+            return {"question": f"q{index}", "answer": "a", "metadata": {}}
+
+        def score_answer(self, answer, entry):
+            print(f"scoring {answer!r}")
+            return float(answer == entry["answer"])
+
+    def create_dataset(name, **kwargs):
+        print("made a dataset")
+        return PrintingDataset()
+
+    monkeypatch.setattr(reasoning_gym, "create_dataset", create_dataset)
+    monkeypatch.setattr(verifier, "_scorer", functools.lru_cache(verifier._scorer.__wrapped__))  # a cache of its own
+    entries = rg.draw_entries("ab", "{}", 0, 2, frozenset(), Where("rg_ab", "default", "train"))
+    assert [e["question"] for e in entries] == ["q0", "q1"]
+    assert verifier.score_entry("ab", {}, "b", entries[0]) == 0.0
+    print("the caller's own line")
+    assert capfd.readouterr().out == "the caller's own line\n"
 
 
 EXCLUSION_SAMPLE = ["boxnet", "codeio", "composite", "graph_color", "list_functions"]

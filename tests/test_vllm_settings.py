@@ -107,6 +107,7 @@ def test_bfloat16_runs_on_this_cpu(tiny_model):
 
 ONE_PROCESS_GROUP = r"""
 import gc
+import os
 import torch.distributed as dist
 from vllm.distributed.parallel_state import model_parallel_is_initialized
 from hubgym.engines import VLLMEngine
@@ -114,6 +115,16 @@ from hubgym.train.engine import init_distributed
 
 def core(engine):
     return type(engine.llm.llm_engine.engine_core).__name__
+
+def mark_the_core(worker, folder):  # in the core's process: an exit handler leaves a file, a finalizer another
+    import atexit, builtins, os
+
+    class TornDown:
+        def __del__(self, _open=open, _path=os.path.join(folder, "torn down")):
+            _open(_path, "w").close()
+
+    atexit.register(lambda: open(os.path.join(folder, "exit handlers ran"), "w").close())
+    builtins.hubgym_test_marker = TornDown()
 
 def vllm_processes():
     import psutil
@@ -137,8 +148,11 @@ if __name__ == "__main__":
     init_distributed()  # a trainer's group, then an engine beside it
     engine = VLLMEngine(sys.argv[1], max_model_len=256, enforce_eager=True)
     print("beside a group:", core(engine), vllm_processes(), gc.get_freeze_count())  # this heap given back
+    engine.llm.collective_rpc(mark_the_core, args=(sys.argv[2],))
+    core_process, = engine.llm.llm_engine.engine_core.resources.engine_manager.processes
     engine.close()
     print("group kept:", dist.is_initialized())
+    print("core left:", core_process.exitcode, sorted(os.listdir(sys.argv[2])))
 """
 
 
@@ -150,15 +164,20 @@ def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny
     already (a trainer's) the core runs in a process of its own, the model's worker inside it (on the CPU too, where
     vLLM would start the worker in a third process), and the group outlives the engine. The heap this process froze
     while an engine started (hubgym.engines.offline._frozen_heap) is frozen after the start only where vLLM froze it
-    itself (a core in this process, until it closes)."""
+    itself (a core in this process, until it closes). A core in its own process leaves as a forked one does: its
+    exit handlers run, Python's teardown (3 s of garbage collection there, which close() waits for) does not."""
     script = tmp_path / "one_group.py"
     script.write_text(ONE_PROCESS_GROUP)
     launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a trainer's, in this worker
-    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    done = subprocess.run([sys.executable, str(script), str(tiny_model)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    env = {**{k: v for k, v in os.environ.items() if k not in launcher}, "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+           "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}  # a function of this test runs in the core (mark_the_core)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    done = subprocess.run([sys.executable, str(script), str(tiny_model), str(marks)], capture_output=True, text=True,
+                          env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    phases = ("alone", "closed", "after a dropped engine", "beside a group", "group kept")
+    phases = ("alone", "closed", "after a dropped engine", "beside a group", "group kept", "core left")
     lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in phases]
     assert lines == ["alone: InprocClient True True", "closed: False 0", "after a dropped engine: InprocClient True",
-                     "beside a group: SyncMPClient ['VLLM::EngineCore'] 0", "group kept: True"], done.stdout[-2000:]
+                     "beside a group: SyncMPClient ['VLLM::EngineCore'] 0", "group kept: True",
+                     "core left: 0 ['exit handlers ran']"], done.stdout[-2000:]

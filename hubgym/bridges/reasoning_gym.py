@@ -30,7 +30,7 @@ from hubgym.builders.families import FamilyEnv, load_index, unknown_env
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
 from hubgym.schemas import Task, make_task, system, user
 from hubgym.bridges.reasoning_gym_shipped import GOLDEN_DIR, INDEX, SPECS, load_specs  # noqa: F401 (re-exported)
-from hubgym.bridges.reasoning_gym_verifier import score_entry
+from hubgym.bridges.reasoning_gym_verifier import prints_dropped, score_entry
 
 SYSTEM_PROMPT = ("Solve the task. Think it through, then give only your final answer inside <answer></answer>, "
                  "in the format the task asks for.")
@@ -122,7 +122,7 @@ def iter_entries(generator: str, params_json: str, seed: int, size: int, banned:
     params, banned = json.loads(params_json), set(banned)
     limit = DRAWS_PER_ROW * size + 30
     try:
-        with at_clock(clock):
+        with at_clock(clock), prints_dropped():
             dataset = reasoning_gym.create_dataset(generator, **params, seed=seed, size=limit)
     except Exception as exc:
         raise EnvContractError(f"reasoning-gym's {generator!r} refused its config: {type(exc).__name__}: {exc}",
@@ -133,7 +133,7 @@ def iter_entries(generator: str, params_json: str, seed: int, size: int, banned:
     for index in range(limit):
         if drawn == size:
             return
-        with at_clock(clock):  # per item: the caller's code between items runs on the real clock
+        with at_clock(clock), prints_dropped():  # per item: the caller's code between items runs as usual
             entry = checked_entry(generator, params, dataset, index, where)
         if entry["question"] not in banned:
             banned.add(entry["question"])

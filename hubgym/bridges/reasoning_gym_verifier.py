@@ -20,7 +20,9 @@ generator. Anything else is a verifier error that names the field, never a score
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
 import json
 import math
 from functools import lru_cache
@@ -79,12 +81,20 @@ def score_entry(generator: str, config: dict[str, Any], answer: str, entry: Entr
     A scorer that raises on the answer (its own parser refusing the text, e.g. int('abc')) has been given an
     answer in the wrong format: that is a wrong answer, 0.0, never a crash that drops the rollout.
     """
-    scorer = _scorer(generator, json.dumps(config, sort_keys=True))
-    try:
-        value = float(scorer(answer, copy.deepcopy(entry)))
-    except Exception:  # the generator's parser refused the model's text: a wrong answer
-        return 0.0
+    with prints_dropped():
+        scorer = _scorer(generator, json.dumps(config, sort_keys=True))
+        try:
+            value = float(scorer(answer, copy.deepcopy(entry)))
+        except Exception:  # the generator's parser refused the model's text: a wrong answer
+            return 0.0
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
+
+
+def prints_dropped() -> contextlib.AbstractContextManager:
+    """Drop what a generator prints while it makes an item or scores an answer (`bf` prints each program's output
+    as it runs it): that text is neither the row's nor the reward's, and it would land in the middle of a
+    command's own output (its tables, its JSON, its progress bar)."""
+    return contextlib.redirect_stdout(io.StringIO())
 
 
 @lru_cache(maxsize=256)

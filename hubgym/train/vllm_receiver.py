@@ -25,8 +25,13 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import sys
 
 RECEIVER = "hubgym.train.vllm_receiver.WeightReceiver"
+
+
+def _in_engine_process() -> bool:
+    return multiprocessing.current_process().name.startswith("EngineCore")
 
 
 def _freeze_engine_process_heap() -> None:
@@ -34,11 +39,37 @@ def _freeze_engine_process_heap() -> None:
     now (torch's, transformers', vLLM's) are left out of the five garbage collections vLLM makes while it
     starts, 2 s of a CPU core there (hubgym.engines.offline._frozen_heap does the same where the core runs in the
     calling process). vLLM freezes the heap itself once started and unfreezes it when it shuts down."""
-    if multiprocessing.current_process().name.startswith("EngineCore"):
+    if _in_engine_process():
         gc.freeze()
 
 
+class _SpawnedProcessSys:
+    """What `multiprocessing.spawn` sees as `sys`: the real one, except that its one `sys.exit` -- the last line of
+    a spawned process, once the process's work and multiprocessing's own clean-up are done -- goes through
+    `exit_now` (threads joined, exit handlers run, streams flushed, then the exit code) without the interpreter's
+    teardown. A process that imported torch and vLLM spends 3 s there collecting garbage, and the process that
+    closes the engine waits for it. A forked process never tears down either: multiprocessing ends it with
+    os._exit right after its work."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(sys, name)
+
+    @staticmethod
+    def exit(code: object = None) -> None:
+        from hubgym.files.quick_exit import exit_now
+
+        exit_now(code)
+
+
+def _leave_engine_process_without_teardown() -> None:
+    if _in_engine_process():
+        import multiprocessing.spawn
+
+        multiprocessing.spawn.sys = _SpawnedProcessSys()  # type: ignore[assignment]
+
+
 _freeze_engine_process_heap()
+_leave_engine_process_without_teardown()
 
 
 class WeightReceiver:
