@@ -1,5 +1,6 @@
-"""vLLM on a CPU with its engine core in a process of its own (as under `hubgym train`): the model's worker in
-that process (what hubgym asks for) vs in a third process (vLLM's own CPU layout), fresh processes taking turns.
+"""vLLM on a CPU with its engine core in a process of its own (as under `hubgym train`): the engine as hubgym
+builds it (the model's worker in the core's process, hubgym's worker extension) vs vLLM's own CPU layout (the
+worker in a third process), fresh processes taking turns.
 
     python bench/bench_worker.py                          # --model tiny, 3 rounds
     python bench/bench_worker.py --model smollm2-135m --rounds 1 --no-write
@@ -7,9 +8,12 @@ that process (what hubgym asks for) vs in a third process (vLLM's own CPU layout
 Each measurement is a fresh Python process with VLLM_ENABLE_V1_MULTIPROCESSING=1 that builds `vllm.LLM` with
 the engine arguments hubgym's offline engine passes for the model, then decodes 64 prompts x 256 tokens
 (ignore_eos, seeded) three times after a warm-up, and shuts the engine down. "vllm" leaves the executor to vLLM,
-whose CPU backend then starts the worker in a process of its own; "hubgym" passes the executor hubgym passes
-(hubgym.engines.offline). Reported: medians of the engine start (import of vLLM + `LLM(...)`), the decode time
-and tokens/s, the CPU seconds of the process and the processes it waited for, and hubgym / vLLM.
+whose CPU backend then starts the worker in a process of its own; "hubgym" passes the executor and the worker
+extension hubgym passes (hubgym.engines.offline; the extension's import in the core's process freezes the
+heap vLLM's start-up collections would walk, and lets that process leave without Python's teardown). Reported:
+medians of the engine start (import of vLLM + `LLM(...)`), the decode time and tokens/s, the shutdown (until
+the core's process has ended), the CPU seconds of the process and the processes it waited for, and hubgym /
+vLLM.
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ def main(folder, layout, settings):
     started = time.time()
     import vllm
     from hubgym.engines.offline import _worker_in_core
+    from hubgym.train.vllm_receiver import RECEIVER
     if layout == "hubgym":
-        settings = {**settings, **_worker_in_core(settings)}
+        settings = {**settings, **_worker_in_core(settings), "worker_extension_cls": RECEIVER}
     llm = vllm.LLM(folder, **settings)
     built = time.time()
     params = vllm.SamplingParams(max_tokens=256, ignore_eos=True, seed=1)
@@ -45,8 +50,10 @@ def main(folder, layout, settings):
         t = time.time()
         out = llm.generate(prompts, params, use_tqdm=False)
         decodes.append((time.time() - t, sum(len(o.outputs[0].token_ids) for o in out)))
-    llm.llm_engine.engine_core.shutdown()
-    print("TIMES" + json.dumps({"start": built - started, "decodes": decodes}))
+    t = time.time()
+    llm.llm_engine.engine_core.shutdown()  # returns once the core's process has ended (or was killed after 5 s)
+    close = time.time() - t
+    print("TIMES" + json.dumps({"start": built - started, "decodes": decodes, "close": close}))
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core: the script must not run again in it
@@ -71,7 +78,8 @@ def measure(folder: str, layout: str, settings: dict) -> dict:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     decode_s = statistics.median(s for s, _ in times["decodes"])
     tokens = times["decodes"][0][1]
-    return {"start": times["start"], "decode": decode_s, "tokens_per_s": tokens / decode_s, "cpu": cpu, "wall": wall}
+    return {"start": times["start"], "decode": decode_s, "tokens_per_s": tokens / decode_s, "close": times["close"],
+            "cpu": cpu, "wall": wall}
 
 
 def engine_settings(folder: str) -> dict:
@@ -99,13 +107,16 @@ def table(name: str, sides: dict[str, list[dict]]) -> str:
         return statistics.median(row[key] for row in sides[layout])
 
     lines = [f"#### `--model {name}` ({len(sides['vllm'])} rounds, medians)", "",
-             "| worker | engine start | decode 64 x 256 tokens | tokens/s | CPU s of the process | process wall |",
-             "|---|---|---|---|---|---|"]
+             "| worker | engine start | decode 64 x 256 tokens | tokens/s | shutdown | CPU s of the process | "
+             "process wall |",
+             "|---|---|---|---|---|---|---|"]
     for layout, label in (("vllm", "its own process (vLLM's CPU layout)"), ("hubgym", "in the core's (hubgym)")):
         lines.append(f"| {label} | {med(layout, 'start'):.1f} s | {med(layout, 'decode'):.2f} s | "
-                     f"{med(layout, 'tokens_per_s'):,.0f} | {med(layout, 'cpu'):.1f} | {med(layout, 'wall'):.1f} s |")
+                     f"{med(layout, 'tokens_per_s'):,.0f} | {med(layout, 'close'):.2f} s | {med(layout, 'cpu'):.1f} | "
+                     f"{med(layout, 'wall'):.1f} s |")
     lines += ["", f"hubgym / vLLM: engine start **{med('hubgym', 'start') / med('vllm', 'start'):.2f}x** the time, "
               f"decode **{med('hubgym', 'tokens_per_s') / med('vllm', 'tokens_per_s'):.2f}x** the tokens/s, "
+              f"shutdown **{med('hubgym', 'close') / med('vllm', 'close'):.2f}x** the time, "
               f"**{med('hubgym', 'cpu') / med('vllm', 'cpu'):.2f}x** the CPU seconds.", ""]
     return "\n".join(lines)
 

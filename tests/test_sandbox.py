@@ -278,10 +278,10 @@ while True:
     except OSError:
         time.sleep(0.01)
 """
-    config = SandboxConfig(timeout_s=3, memory_mb=256, max_procs=16, call_bound=bound)
-    grows = run_sandboxed(spawner.format(mb=32, marker=f"1{marker}"), config)
+    config = SandboxConfig(timeout_s=60, memory_mb=256, max_procs=16, call_bound=bound)  # far from either outcome:
+    grows = run_sandboxed(spawner.format(mb=32, marker=f"1{marker}"), config)  # a loaded machine starts Python late
     assert grows.memory_exceeded and not grows.timed_out, grows
-    keeps = run_sandboxed(spawner.format(mb=0, marker=f"2{marker}"), config)
+    keeps = run_sandboxed(spawner.format(mb=0, marker=f"2{marker}"), dataclasses.replace(config, timeout_s=3))
     assert keeps.timed_out and not keeps.memory_exceeded, keeps
     _assert_nothing_left(marker)
 
@@ -342,7 +342,10 @@ print(json.dumps([result.call_bound, result.memory_exceeded, result.stdout, refu
 
 @pytest.mark.slow
 def test_endless_loop_times_out():
-    result = run_sandboxed("print('started', flush=True)\nwhile True:\n    pass", SandboxConfig(timeout_s=1))
+    """The clock stops a program that never ends (one that waits: the CPU limit stops a spinner, next test). The
+    limit leaves a loaded machine time to start Python and print first."""
+    result = run_sandboxed("import time\nprint('started', flush=True)\nwhile True:\n    time.sleep(0.05)",
+                           SandboxConfig(timeout_s=5))
     assert result.timed_out and not result.truncated and result.stdout == "started\n"
     assert result.signal_name == "SIGKILL"
 
@@ -424,16 +427,16 @@ def test_python_tool_keeps_the_tail_of_long_output():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("code, kind, start", [
-    ("print('working', flush=True)\nwhile True:\n    pass", "TimeoutError",
-     "the program ran past the 1s time limit and was stopped; its last output was:\nworking\n"),
-    ("while True:\n    print('y' * 1000)", "RuntimeError",
+@pytest.mark.parametrize("code, timeout_s, kind, start", [  # each limit far from the others' outcomes: a loaded
+    ("import time\nprint('working', flush=True)\nwhile True:\n    time.sleep(0.05)", 5, "TimeoutError",  # machine
+     "the program ran past the 5s time limit and was stopped; its last output was:\nworking\n"),  # starts Python late
+    ("while True:\n    print('y' * 1000)", 60, "RuntimeError",
      "the program printed more than 3000 bytes and was stopped; "),
-    ("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", "RuntimeError",
+    ("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", 60, "RuntimeError",
      "the program was killed by SIGXCPU: it used up its CPU time"),
 ])
-def test_python_tool_stopped_programs_are_failed_calls(monkeypatch, code, kind, start):
-    monkeypatch.setattr(python_tool, "PYTHON_SANDBOX", SandboxConfig(timeout_s=1, max_output_bytes=3000))
+def test_python_tool_stopped_programs_are_failed_calls(monkeypatch, code, timeout_s, kind, start):
+    monkeypatch.setattr(python_tool, "PYTHON_SANDBOX", SandboxConfig(timeout_s=timeout_s, max_output_bytes=3000))
     outcome = _python(code)
     assert outcome.error["type"] == kind and outcome.error["message"].startswith(start)
     assert outcome.message["content"] == f"Error: {kind}: {outcome.error['message']}"
