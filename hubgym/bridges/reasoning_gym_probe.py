@@ -62,6 +62,7 @@ TOO_SLOW = {  # (generator, config) -> why it is left out; measured, not timed a
                              ("puzzle24", "hard"), ("sokoban", "easy"), ("sokoban", "hard"), ("sudoku", "hard"),
                              ("zebra_puzzles", "hard")]},
     ("number_sequence", "hard"): "hangs: some seeds spend minutes on one item (terms grow to huge integers)",
+    ("bf", "hard"): "hangs: some seeds spend minutes on one item (a long program run by a Python interpreter)",
 }
 NOT_GENERATORS = {"composite": "not a generator: it mixes other generators, each bridged on its own"}
 
