@@ -70,6 +70,22 @@ def test_check_result_is_a_frozen_record():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("ref", ["arithmetic:easy", "rg_basic_arithmetic:easy"])
+def test_env_colon_config_checks_that_config_as_configs_does(monkeypatch, ref):
+    """ENV:CONFIG, the reference every command takes, checks that one config; the env is found by its name here and
+    in the second process of the hash-seed check (which was handed the whole reference and failed to import it)."""
+    import hubgym.conformance.context as context
+
+    built, real = [], context.build_config
+    monkeypatch.setattr(context, "build_config", lambda cls, config, *a, **k: built.append(config) or
+                        real(cls, config, *a, **k))
+    results = check_env(ref, max_rows=5, build_rows=8)
+    assert [r.message for r in results if not r.ok] == [] and set(built) == {"easy"}
+    with pytest.raises(EnvContractError, match=r"names config 'easy', and configs=\['medium'\] others"):
+        check_env(ref, configs=["medium"])
+
+
+@pytest.mark.slow
 def test_unknown_config_fails_the_declaration_check():
     results = {r.check: r for r in check_env("arithmetic", configs=["easy", "nope"], max_rows=5)}
     assert results["check_declaration"].message == (

@@ -259,6 +259,7 @@ def _validate_target(target: str, config: str | None) -> None:
     """An unknown env or config is a user error, raised before any work; a builder that fails to import
     is not: the checker reports it as a failed check, with the cause."""
     from hubgym.envs import resolve_env
+    from hubgym.envs.refs import parse_ref
 
     try:
         builder = resolve_env(target)
@@ -266,7 +267,10 @@ def _validate_target(target: str, config: str | None) -> None:
         raise
     except Exception:  # reported by the checks (check_declaration / load)
         return
-    config_names(builder, config)
+    named = parse_ref(target).config  # ENV:CONFIG names the config as --config does
+    if named is not None and config not in (None, named):
+        fail(f"{target!r} names config {named!r} and --config {config!r}: name it once")
+    config_names(builder, config or named)
 
 
 def report(results: list, show_table: bool = True) -> None:

@@ -26,7 +26,8 @@ from hubgym.builders.base import TaskBuilder
 from hubgym.conformance.checks import CHECKS
 from hubgym.conformance.common import CheckSkipped
 from hubgym.conformance.context import Configs, Context
-from hubgym.errors import EnvContractError, error_text
+from hubgym.envs.refs import parse_ref
+from hubgym.errors import EnvContractError, HubgymError, Where, error_text
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ def iter_outcomes(env: str | type[TaskBuilder], *, configs: Configs = None, max_
                   checks: list[Callable[[Context], None]] | None = None
                   ) -> Iterator[tuple[CheckResult, EnvContractError | None]]:
     """Run the checks in order, yielding each result with the error it raised (None when ok)."""
+    env, configs = _config_of_ref(env, configs)
     with tempfile.TemporaryDirectory(prefix="hubgym-check-") as tmp:
         ctx = Context(env, configs, max_rows, Path(tmp), build_rows)
         for check in checks or CHECKS:
@@ -70,6 +72,24 @@ def iter_outcomes(env: str | type[TaskBuilder], *, configs: Configs = None, max_
                 error = _run_one(check, ctx)
             yield CheckResult(ctx.env, check.__name__, error is None, str(error) if error else "",
                               time.perf_counter() - start, isinstance(error, CheckSkipped)), error
+
+
+def _config_of_ref(env: str | type[TaskBuilder], configs: Configs) -> tuple[str | type[TaskBuilder], Configs]:
+    """`ENV:CONFIG` checks that config, as `configs=[CONFIG]` does (the ref itself, as every other command reads
+    it); the env is then found without it. Both, naming other configs, are refused."""
+    if not isinstance(env, str):
+        return env, configs
+    try:
+        ref = parse_ref(env)
+    except HubgymError:  # not a reference at all: the checks report it (check_declaration)
+        return env, configs
+    if ref.config is None:
+        return env, configs
+    if configs is not None and configs != [ref.config]:
+        raise EnvContractError(f"{env!r} names config {ref.config!r}, and configs={configs!r} others",
+                               Where(env=ref.name or ref.text, config=ref.config),
+                               "name the configs once: ENV:CONFIG, or ENV with configs")
+    return ref.text, [ref.config]
 
 
 def _run_one(check: Callable[[Context], None], ctx: Context) -> EnvContractError | None:
