@@ -81,7 +81,7 @@ def test_env_colon_config_checks_that_config_as_configs_does(monkeypatch, ref):
                         real(cls, config, *a, **k))
     results = check_env(ref, max_rows=5, build_rows=8)
     assert [r.message for r in results if not r.ok] == [] and set(built) == {"easy"}
-    with pytest.raises(EnvContractError, match=r"names config 'easy', and configs=\['medium'\] others"):
+    with pytest.raises(EnvContractError, match=r"names config 'easy', but configs asks for \['medium'\]"):
         check_env(ref, configs=["medium"])
 
 

@@ -86,7 +86,7 @@ def _config_of_ref(env: str | type[TaskBuilder], configs: Configs) -> tuple[str 
     if ref.config is None:
         return env, configs
     if configs is not None and configs != [ref.config]:
-        raise EnvContractError(f"{env!r} names config {ref.config!r}, and configs={configs!r} others",
+        raise EnvContractError(f"{env!r} names config {ref.config!r}, but configs asks for {configs!r}",
                                Where(env=ref.name or ref.text, config=ref.config),
                                "name the configs once: ENV:CONFIG, or ENV with configs")
     return ref.text, [ref.config]

@@ -18,7 +18,7 @@ carries only its path: vLLM's RPC channel moves large payloads slowly (SmolLM2's
 bytes inside RPC arguments, 1.5 s through shared memory). Where there is no /dev/shm the bucket goes
 as safetensors bytes inside the RPC (bytes are a native type of vLLM's msgpack RPC; tensors in RPC
 arguments are not decoded back into tensors).
-This module is imported inside vLLM's worker processes: it needs only vLLM and safetensors.
+This module is imported inside vLLM's worker processes: it needs only vLLM, safetensors and hubgym.files.
 """
 
 from __future__ import annotations
