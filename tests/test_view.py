@@ -77,7 +77,9 @@ def site(store, tiny_model):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(runs):
+    """Chromium under Playwright's sync API, which keeps an event loop running in this thread until the module
+    ends: the runs (made with asyncio.run) come first, whichever test of the module a worker runs first."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
