@@ -25,8 +25,10 @@ import copy
 import io
 import json
 import math
+import sys
+import threading
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from hubgym.schemas import Message, Task
 from hubgym.verifiers.rewards import extract_tag, final_text
@@ -90,11 +92,28 @@ def score_entry(generator: str, config: dict[str, Any], answer: str, entry: Entr
     return min(max(value, 0.0), 1.0) if math.isfinite(value) else 0.0
 
 
-def prints_dropped() -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def prints_dropped() -> Iterator[None]:
     """Drop what a generator prints while it makes an item or scores an answer (`bf` prints each program's output
     as it runs it): that text is neither the row's nor the reward's, and it would land in the middle of a
-    command's own output (its tables, its JSON, its progress bar)."""
-    return contextlib.redirect_stdout(io.StringIO())
+    command's own output (its tables, its JSON, its progress bar). Threads may score at once: stdout is swapped
+    by the first to enter and given back by the last to leave (contextlib.redirect_stdout in two threads can
+    leave the process writing into one thread's buffer for good)."""
+    global _dropping, _stdout
+    with _drop_lock:
+        if _dropping == 0:
+            _stdout, sys.stdout = sys.stdout, io.StringIO()
+        _dropping += 1
+    try:
+        yield
+    finally:
+        with _drop_lock:
+            _dropping -= 1
+            if _dropping == 0:
+                sys.stdout = _stdout
+
+
+_drop_lock, _dropping, _stdout = threading.Lock(), 0, sys.stdout
 
 
 @lru_cache(maxsize=256)
