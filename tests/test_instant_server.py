@@ -3,7 +3,10 @@ valid moves chosen by the request alone, and real rollouts against it store rows
 
 from __future__ import annotations
 
+import _thread
 import asyncio
+import signal
+import threading
 from pathlib import Path
 
 import openai
@@ -126,3 +129,45 @@ def test_rollouts_against_it_store_valid_rows_that_pass_the_token_audit_in_both_
             assert row["num_turns"] >= 2
         turns[mode] = sorted((r["task_id"], r["sample"], r["num_turns"]) for r in rows)
     assert turns["tokens"] == turns["chat"]  # the same trajectory whichever way the client asks
+
+
+def test_a_run_started_where_an_event_loop_runs_completes_and_its_interrupt_stores_whole_groups(server, tmp_path):
+    """As from a notebook's cell, whose thread runs an event loop (asyncio.run refuses to start another there): the
+    run goes on; the notebook's interrupt (KeyboardInterrupt in that thread) stops it after the first group with
+    every finished group stored whole, and the same call then completes the run, each rollout once."""
+    config = RolloutConfig(envs=["wordle"], model=server.model, out=str(tmp_path / "run"), engine="openai", n=2,
+                           limit=6, split="train", base_url=server.url("wordle"), max_model_len=2048,
+                           sampling=SamplingArgs(max_tokens=64), concurrency=1)
+
+    class InterruptAfterFirstGroup:
+        def started(self, groups: int, stored: int) -> None:
+            pass
+
+        def advanced(self, rows, tokens: int) -> None:
+            if not interrupted:
+                interrupted.append(len(rows))
+                _thread.interrupt_main()  # what a notebook's interrupt does: SIGINT's handler in the main thread
+                assert seen.wait(60)  # the next groups start once the waiting thread has the KeyboardInterrupt
+
+    def on_sigint(signum, frame):
+        seen.set()
+        raise KeyboardInterrupt
+
+    async def cell(listener=None):
+        return run_rollouts(config, progress=False, listener=listener)
+
+    interrupted: list[int] = []
+    seen = threading.Event()
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(cell(InterruptAfterFirstGroup()))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    stopped = len(_rows(tmp_path / "run"))
+    assert interrupted == [2] and 2 <= stopped < 12 and stopped % 2 == 0
+
+    summary = asyncio.run(cell())
+    ids = [row["rollout_id"] for row in _rows(tmp_path / "run")]
+    assert summary.skipped == stopped and summary.written == 12 - stopped
+    assert len(ids) == 12 and len(set(ids)) == 12

@@ -28,7 +28,7 @@ from hubgym.envs import OpenedEnv, open_env
 from hubgym.envs.pins import parse_pins
 from hubgym.engines import KINDS, Engine, EngineSettings, SamplingArgs, make_engine
 from hubgym.engines.openai_client import MODES
-from hubgym.rollout.interrupt import until_done_or_ctrl_c
+from hubgym.rollout.interrupt import run_until_done_or_ctrl_c
 from hubgym.rollout.loop import LoopContext, Trajectory, run_group
 from hubgym.errors import ChatFormatError, SettingError
 from hubgym.rollout.parsing import HERMES, check_parser_names
@@ -315,8 +315,8 @@ def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: 
             started = time.perf_counter()
             stats = {"written": 0, "tokens": 0}
             try:
-                interrupted = asyncio.run(until_done_or_ctrl_c(
-                    _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs, listener)))
+                interrupted = run_until_done_or_ctrl_c(
+                    _generate_all(todo, config, engine, renderer, run_id, writer, stats, progress, envs, listener))
             finally:
                 writer.flush()
                 writer.write_manifest(_manifest(config, run_id, envs, engine, renderer, writer))

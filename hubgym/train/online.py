@@ -39,6 +39,7 @@ from hubgym.errors import RolloutsStopped
 from hubgym.hub.rollouts import iter_rollouts
 from hubgym.mixture import EnvConfig, MixEntry, Mixture, MixSpec, TaskFilter, parse_spec
 from hubgym.engines import Engine, SamplingArgs
+from hubgym.rollout.interrupt import run_coroutine
 from hubgym.rollout.loop import LoopContext, run_group
 from hubgym.rollout.run import RolloutConfig, check_tools_rendered, group_rows
 from hubgym.rollout.tokens import ChatRenderer, recorded_options
@@ -201,7 +202,7 @@ class OnlineProducer:
         renderer = self.renderer(renderer)
         config, picks = self.rollout_config(step, version), self.pick(step, groups)
         run_id = config.run_id()
-        rows = asyncio.run(self._sample(engine, renderer, config, run_id, picks))
+        rows = run_coroutine(self._sample(engine, renderer, config, run_id, picks))
         if rows is None:
             raise RolloutsStopped(f"online step {step}: rollouts cancelled, the run is stopping; nothing was stored")
         writer = ShardWriter(config.out, self.worker(step), max_rows=max(len(rows), 1), lock=False)
