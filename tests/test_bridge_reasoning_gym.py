@@ -16,6 +16,7 @@ from hubgym.conformance import check_env
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
 from hubgym.schemas import assistant
 from hubgym.bridges import reasoning_gym_verifier as verifier
+from hubgym.bridges.reasoning_gym_shipped import load_specs
 
 REPRESENTATIVE = ["rg_basic_arithmetic", "rg_word_sorting", "rg_prime_factorization", "rg_game_of_life_halting"]
 """A plain one, one whose config fields are enums, one whose scorer raises on junk, one with partial credit."""
@@ -44,6 +45,25 @@ def test_builder_is_cached_and_unknown_or_excluded_names_say_why():
     excluded = sorted(rg.EXCLUDED)[0]
     with pytest.raises(EnvNotFoundError, match="is not bridged"):
         rg.FAMILY.builder("rg_" + excluded)
+
+
+def test_a_config_the_probe_left_out_says_why_wherever_it_is_asked_for():
+    """`rg_bf:hard` hangs on some seeds, so the shipped specs drop it: asking for it names that reason, through the
+    library's ENV:CONFIG and the CLI's --config alike; a config nobody dropped gets the plain message."""
+    from typer.testing import CliRunner
+
+    from hubgym.cli import app
+    from hubgym.envs.resolve import known_config
+
+    why = load_specs()["dropped_configs"]["rg_bf"]["hard"]
+    with pytest.raises(EnvContractError) as library:
+        known_config(rg.FAMILY.builder("rg_bf"), "hard")
+    cli = CliRunner().invoke(app, ["check", "rg_bf", "--config", "hard"])
+    for said in (str(library.value), " ".join(cli.output.split())):
+        assert f"env 'rg_bf' has no config 'hard' (left out: {why})" in said and "default, easy" in said, said
+    with pytest.raises(EnvContractError) as plain:
+        known_config(rg.FAMILY.builder("rg_bf"), "medium")
+    assert "has no config 'medium' [" in str(plain.value)
 
 
 @pytest.mark.slow

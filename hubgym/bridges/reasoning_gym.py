@@ -185,8 +185,10 @@ EXCLUDED: dict[str, str] = load_specs()["excluded"]
 """Generators that are not envs, by reasoning-gym name, with why (found by probing; see reasoning_gym_probe)."""
 
 
-def make_builder(env: str, spec: dict[str, Any], version: str) -> type[ReasoningGymTask]:
-    """The builder class of one env, from its spec (no import of reasoning_gym)."""
+def make_builder(env: str, spec: dict[str, Any], version: str,
+                 left_out: dict[str, str] | None = None) -> type[ReasoningGymTask]:
+    """The builder class of one env, from its spec (no import of reasoning_gym); `left_out`: config -> why the
+    probe dropped it."""
     configs = [GeneratorConfig(name=name, params=params, sizes=_train_first(spec["sizes"][name]))
                for name, params in spec["configs"].items()]
     doc = DOC.format(env=env, generator=spec["generator"], category=spec["category"],
@@ -199,6 +201,7 @@ def make_builder(env: str, spec: dict[str, Any], version: str) -> type[Reasoning
         "__doc__": doc, "__module__": __name__, "ENV": env, "GENERATOR": spec["generator"],
         "CLOCK": Clock(**spec["clock"]) if spec.get("clock") else None,
         "GOLDEN": f"golden/{env}.jsonl", "TAGS": tuple(spec["tags"]), "BUILDER_CONFIGS": configs,
+        "LEFT_OUT_CONFIGS": dict(left_out or {}),
     })
 
 
@@ -229,7 +232,7 @@ def _builder(name: str) -> type[ReasoningGymTask]:
             raise EnvNotFoundError(f"{name!r} is not bridged: reasoning-gym's {generator!r} "
                                    f"{specs['excluded'][generator]}")
         raise unknown_env(name, ReasoningGymFamily.name, sorted(specs["envs"]))
-    return make_builder(name, specs["envs"][name], specs["version"])
+    return make_builder(name, specs["envs"][name], specs["version"], specs["dropped_configs"].get(name))
 
 
 FAMILY = ReasoningGymFamily()

@@ -62,6 +62,9 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     BUILDER_CONFIG_CLASS = TaskConfig
     BUILDER_CONFIGS = [TaskConfig(name="default")]
     DEFAULT_CONFIG_NAME = None  # the first config
+    # Configs a family leaves out of this env, with why (e.g. reasoning-gym's `hard` ones that hang): asking for one
+    # says why it is missing instead of only that it is.
+    LEFT_OUT_CONFIGS: ClassVar[dict[str, str]] = {}
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(description=inspect.getdoc(type(self)) or "", features=TASK_FEATURES)
@@ -134,6 +137,13 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     @classmethod
     def config_names(cls) -> list[str]:
         return [c.name for c in cls.BUILDER_CONFIGS]
+
+    @classmethod
+    def no_config(cls, config: str, fix: str) -> EnvContractError:
+        """The error for a config this env does not have; `fix` says how to name one of those it has."""
+        why = cls.LEFT_OUT_CONFIGS.get(config)
+        return EnvContractError(f"env {cls.ENV!r} has no config {config!r}" + (f" (left out: {why})" if why else ""),
+                                Where(env=cls.ENV, config=config), fix)
 
 
 @cache

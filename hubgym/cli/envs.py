@@ -22,7 +22,7 @@ from rich.text import Text
 
 from hubgym.app import views
 from hubgym.cli.app import HUB_HELP, app, console, fail, user_errors
-from hubgym.errors import EnvContractError, HubgymError, Where
+from hubgym.errors import HubgymError
 
 if TYPE_CHECKING:
     from hubgym.conformance.context import Configs
@@ -234,8 +234,7 @@ def config_names(builder: type[TaskBuilder], config: str | None) -> list[str]:
     if config is None or config == "all":
         return known if config else known[:1]
     if config not in known:
-        raise EnvContractError(f"env {builder.ENV!r} has no config {config!r}", Where(env=builder.ENV, config=config),
-                               f"pass --config with one of: {', '.join(known)} (or 'all')")
+        raise builder.no_config(config, f"pass --config with one of: {', '.join(known)} (or 'all')")
     return [config]
 
 

@@ -13,7 +13,7 @@ import os
 from hubgym.builders.base import TaskBuilder
 from hubgym.builders.registry import builder_by_name, is_registered, load_builder_file
 from hubgym.envs.refs import EnvRef, parse_ref
-from hubgym.errors import EnvContractError, EnvNotFoundError, Where
+from hubgym.errors import EnvNotFoundError
 
 EnvSpec = str | os.PathLike | EnvRef | type[TaskBuilder]
 
@@ -43,6 +43,5 @@ def known_config(builder: type[TaskBuilder], config: str | None) -> str:
     if config is None:
         return known[0]
     if config not in known:
-        raise EnvContractError(f"env {builder.ENV!r} has no config {config!r}", Where(env=builder.ENV, config=config),
-                               f"write ENV:CONFIG with one of its configs: {', '.join(known)}")
+        raise builder.no_config(config, f"write ENV:CONFIG with one of its configs: {', '.join(known)}")
     return config
