@@ -181,3 +181,18 @@ def test_an_engine_core_runs_in_this_process_only_where_no_process_group_is(tiny
     assert lines == ["alone: InprocClient True True", "closed: False 0", "after a dropped engine: InprocClient True",
                      "beside a group: SyncMPClient ['VLLM::EngineCore'] 0", "group kept: True",
                      "core left: 0 ['exit handlers ran']"], done.stdout[-2000:]
+
+
+def test_on_a_cpu_engines_use_the_compile_cache_that_loads_unless_the_user_chose(monkeypatch, tmp_path):
+    """vLLM's AOT compile artifacts fail to load on its CPU backend (every start compiled again): the offline
+    engine's process and a `vllm serve` hubgym starts get VLLM_USE_AOT_COMPILE=0 there; a value the user set stays."""
+    from hubgym.engines.server import VLLMServer
+    from hubgym.engines.settings import compile_cache_env
+
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    expected = {"VLLM_USE_AOT_COMPILE": "0"} if ON_CPU else {}
+    assert compile_cache_env() == expected
+    server = VLLMServer(tmp_path / "model", log_path=tmp_path / "log")
+    assert server.environment().get("VLLM_USE_AOT_COMPILE") == expected.get("VLLM_USE_AOT_COMPILE")
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")
+    assert compile_cache_env() == {} and server.environment()["VLLM_USE_AOT_COMPILE"] == "1"

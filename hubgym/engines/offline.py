@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 from hubgym.engines.base import Request, Sample, SamplingArgs
 from hubgym.engines.reaper import engine_process_env
-from hubgym.engines.settings import EngineSettings
+from hubgym.engines.settings import EngineSettings, compile_cache_env
 from hubgym.engines.vllm_logging import apply_vllm_log_level, vllm_verbose
 from hubgym.errors import EngineError, RequestError
 
@@ -80,6 +80,7 @@ class VLLMEngine:
         apply_vllm_log_level()  # before vLLM is imported: its INFO and WARNING lines stay out of hubgym's output
         import vllm
 
+        os.environ.update(compile_cache_env())
         self.model, self.max_model_len, self.version = model, max_model_len, vllm.__version__
         checked = settings.vllm_args()
         # Per-request seeds make runs reproducible; vLLM's CPU sampler cannot rewind a seeded generator

@@ -25,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import IO, Any
 
+from hubgym.engines.settings import compile_cache_env
 from hubgym.errors import EngineError
 
 
@@ -94,8 +95,10 @@ class VLLMServer:
         return cmd + self.extra_args
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: this process's, `env`, and the dev-mode switch."""
-        return {**os.environ, **self.env, **({"VLLM_SERVER_DEV_MODE": "1"} if self.dev_mode else {})}
+        """The server's environment: this process's, the compile cache that loads on a CPU, `env`, and the
+        dev-mode switch."""
+        return {**os.environ, **compile_cache_env(), **self.env,
+                **({"VLLM_SERVER_DEV_MODE": "1"} if self.dev_mode else {})}
 
     def start(self) -> "VLLMServer":
         """Launch the server and block until it answers, or raise EngineError (the process is stopped)."""

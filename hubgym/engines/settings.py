@@ -93,6 +93,20 @@ class EngineSettings:
         return args
 
 
+def compile_cache_env() -> dict[str, str]:
+    """On a CPU, vLLM's classic torch.compile cache (VLLM_USE_AOT_COMPILE=0), unless the user chose either.
+
+    With torch 2.10 and later, vLLM saves a compiled model as one "AOT" artifact and loads it at the next start;
+    on its CPU backend that load always fails ("'function' object has no attribute 'finalize_loading'", logged
+    as a warning), so every start tried it, compiled the model again and saved it again. The classic cache loads.
+    For the environment of the process that starts the engine (vLLM reads it when the model compiles)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu() and "VLLM_USE_AOT_COMPILE" not in os.environ:
+        return {"VLLM_USE_AOT_COMPILE": "0"}
+    return {}
+
+
 def _visible_gpus(platform: Any) -> int:
     """GPUs vLLM could use here: 0 on its CPU backend."""
     if platform.is_cpu():
