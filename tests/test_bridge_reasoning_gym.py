@@ -49,17 +49,21 @@ def test_builder_is_cached_and_unknown_or_excluded_names_say_why():
 
 def test_a_config_the_probe_left_out_says_why_wherever_it_is_asked_for():
     """`rg_bf:hard` hangs on some seeds, so the shipped specs drop it: asking for it names that reason, through the
-    library's ENV:CONFIG and the CLI's --config alike; a config nobody dropped gets the plain message."""
+    library's ENV:CONFIG, the CLI's --config and a mixture alike; a config nobody dropped gets the plain message."""
     from typer.testing import CliRunner
 
     from hubgym.cli import app
+    from hubgym.envs.listing import listing
     from hubgym.envs.resolve import known_config
+    from hubgym.mixture import expand, parse_spec
 
     why = load_specs()["dropped_configs"]["rg_bf"]["hard"]
     with pytest.raises(EnvContractError) as library:
         known_config(rg.FAMILY.builder("rg_bf"), "hard")
     cli = CliRunner().invoke(app, ["check", "rg_bf", "--config", "hard"])
-    for said in (str(library.value), " ".join(cli.output.split())):
+    with pytest.raises(EnvContractError) as mixed:
+        expand(parse_spec([{"name": "rg_bf:hard"}]), listing())
+    for said in (str(library.value), " ".join(cli.output.split()), str(mixed.value)):
         assert f"env 'rg_bf' has no config 'hard' (left out: {why})" in said and "default, easy" in said, said
     with pytest.raises(EnvContractError) as plain:
         known_config(rg.FAMILY.builder("rg_bf"), "medium")

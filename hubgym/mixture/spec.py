@@ -176,6 +176,16 @@ def expand(spec: MixSpec, listing: Any) -> list[EnvConfig]:
     return configs
 
 
+def _no_config(listing: Any, ref: str, env: Any, config: str) -> EnvContractError:
+    """The builder's own error (it names why a family left the config out); the plain one when the builder itself
+    does not load (that error belongs to whoever opens the env)."""
+    fix = f"write ENV:CONFIG with one of its configs: {', '.join(env.configs)}"
+    try:
+        return listing.builder(ref).no_config(config, fix)
+    except Exception:
+        return EnvContractError(f"env {env.name!r} has no config {config!r}", Where(env=env.name, config=config), fix)
+
+
 def _select(entry: MixEntry, listing: Any) -> list[dict[str, Any]]:
     if entry.source is not None:
         listed = listing.by_source(entry.source)
@@ -194,8 +204,7 @@ def _select(entry: MixEntry, listing: Any) -> list[dict[str, Any]]:
     if config == "*":
         return _configs_of(env, entry.model_copy(update={"configs": "all"}))
     if config and config not in env.configs:
-        raise EnvContractError(f"env {env.name!r} has no config {config!r}", Where(env=env.name, config=config),
-                               f"write ENV:CONFIG with one of its configs: {', '.join(env.configs)}")
+        raise _no_config(listing, ref, env, config)
     return [_picked(ref, config or env.configs[0], env.name, env.tags, env.source, entry, env.tools)]
 
 
