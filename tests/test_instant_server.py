@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import _thread
 import asyncio
+import dataclasses
 import signal
 import threading
 from pathlib import Path
@@ -171,3 +172,14 @@ def test_a_run_started_where_an_event_loop_runs_completes_and_its_interrupt_stor
     ids = [row["rollout_id"] for row in _rows(tmp_path / "run")]
     assert summary.skipped == stopped and summary.written == 12 - stopped
     assert len(ids) == 12 and len(set(ids)) == 12
+
+
+def test_a_model_hubgym_makes_is_named_in_python_as_on_the_command_line(server, tmp_path):
+    """`model="tiny"` in a RolloutConfig is the tiny model's folder, as `--model tiny` is: the run samples from
+    it (here the server that serves that folder) and has the run id the command line's config gives."""
+    named = RolloutConfig(envs=["wordle"], model="tiny", out=str(tmp_path / "run"), engine="openai", n=2, limit=1,
+                          split="train", base_url=server.url("wordle"), max_model_len=2048,
+                          sampling=SamplingArgs(max_tokens=64))
+    summary = run_rollouts(named, progress=False)
+    assert summary.written == 2 and server.model != "tiny"
+    assert summary.run_id == dataclasses.replace(named, model=server.model).run_id() != named.run_id()

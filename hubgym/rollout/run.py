@@ -20,7 +20,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, Sequence
 
@@ -286,11 +286,22 @@ class RunSummary:
     generated_tokens: int
 
 
+def local_model_resolved(config: RolloutConfig) -> RolloutConfig:
+    """A model hubgym makes here ('tiny', 'smollm2-135m') named in Python as on the command line: its folder,
+    made or converted on first use (the command line records the folder too, so both give one run id)."""
+    from hubgym.models import LOCAL_NAMES, resolve_model
+
+    if config.model not in LOCAL_NAMES:
+        return config
+    return replace(config, model=resolve_model(config.model, setting="model"))
+
+
 def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True,
                  listener: RunListener | None = None) -> RunSummary:
     """Generate, score and store rollouts for every task of this worker; resumes a previous run. Ctrl-C stores
     the groups already finished and raises KeyboardInterrupt. `listener` hears what the progress bar shows.
     An engine given is the caller's to close; one this run starts closes with it."""
+    config = local_model_resolved(config)
     run_id = config.run_id()
     check_chat_options(config)
     envs = load_run_envs(config)
