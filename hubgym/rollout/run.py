@@ -288,7 +288,7 @@ class RunSummary:
 
 def local_model_resolved(config: RolloutConfig) -> RolloutConfig:
     """A model hubgym makes here ('tiny', 'smollm2-135m') named in Python as on the command line: its folder,
-    made or converted on first use (the command line records the folder too, so both give one run id)."""
+    made or converted on first use. Runs record the folder, so naming the model or its folder is one run."""
     from hubgym.models import LOCAL_NAMES, resolve_model
 
     if config.model not in LOCAL_NAMES:
