@@ -141,9 +141,13 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     @classmethod
     def no_config(cls, config: str, fix: str) -> EnvContractError:
         """The error for a config this env does not have; `fix` says how to name one of those it has."""
-        why = cls.LEFT_OUT_CONFIGS.get(config)
-        return EnvContractError(f"env {cls.ENV!r} has no config {config!r}" + (f" (left out: {why})" if why else ""),
-                                Where(env=cls.ENV, config=config), fix)
+        return no_config_error(cls.ENV, config, fix, cls.LEFT_OUT_CONFIGS.get(config))
+
+
+def no_config_error(env: str, config: str, fix: str, why: str | None = None) -> EnvContractError:
+    """`env` has no config `config` (`why`: the reason a family left it out, when it did)."""
+    return EnvContractError(f"env {env!r} has no config {config!r}" + (f" (left out: {why})" if why else ""),
+                            Where(env=env, config=config), fix)
 
 
 @cache

@@ -179,11 +179,13 @@ def expand(spec: MixSpec, listing: Any) -> list[EnvConfig]:
 def _no_config(listing: Any, ref: str, env: Any, config: str) -> EnvContractError:
     """The builder's own error (it names why a family left the config out); the plain one when the builder itself
     does not load (that error belongs to whoever opens the env)."""
+    from hubgym.builders.base import no_config_error  # the error path only: it imports datasets
+
     fix = f"write ENV:CONFIG with one of its configs: {', '.join(env.configs)}"
     try:
         return listing.builder(ref).no_config(config, fix)
     except Exception:
-        return EnvContractError(f"env {env.name!r} has no config {config!r}", Where(env=env.name, config=config), fix)
+        return no_config_error(env.name, config, fix)
 
 
 def _select(entry: MixEntry, listing: Any) -> list[dict[str, Any]]:
