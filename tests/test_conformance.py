@@ -86,6 +86,13 @@ def test_env_colon_config_checks_that_config_as_configs_does(monkeypatch, ref):
 
 
 @pytest.mark.slow
+def test_env_with_an_empty_config_after_the_colon_checks_its_default_configs():
+    """"arithmetic:" names no config: the env's default configs are checked, and the hash-seed check's second
+    process is handed the env, not the text with its colon (which it tried to import as a module)."""
+    assert [r.message for r in check_env("arithmetic:", max_rows=5, build_rows=8) if not r.ok] == []
+
+
+@pytest.mark.slow
 def test_unknown_config_fails_the_declaration_check():
     results = {r.check: r for r in check_env("arithmetic", configs=["easy", "nope"], max_rows=5)}
     assert results["check_declaration"].message == (

@@ -83,8 +83,8 @@ def _config_of_ref(env: str | type[TaskBuilder], configs: Configs) -> tuple[str 
         ref = parse_ref(env)
     except HubgymError:  # not a reference at all: the checks report it (check_declaration)
         return env, configs
-    if ref.config is None:
-        return env, configs
+    if ref.config is None:  # the env as the second process of the hash-seed check can find it ("arithmetic:" too)
+        return ref.text, configs
     if configs is not None and configs != [ref.config]:
         raise EnvContractError(f"{env!r} names config {ref.config!r}, but configs asks for {configs!r}",
                                Where(env=ref.name or ref.text, config=ref.config),
