@@ -27,7 +27,7 @@ def test_one_parser_reads_every_form_of_reference(text, expected):
     assert parse_ref(text) == expected and str(parse_ref(text)) == text
 
 
-@pytest.mark.parametrize("text", ["my-env", "9lives", "", "org/a/b", "org/arith@bad..rev", "a b"])
+@pytest.mark.parametrize("text", ["my-env", "9lives", "", "org/a/b", "org/arith@bad..rev", "a b", ":hard", ":"])
 def test_what_is_no_reference_is_one_error_naming_the_forms(text):
     with pytest.raises(EnvNotFoundError) as caught:
         parse_ref(text)

@@ -85,6 +85,8 @@ def parse_ref(spec: str | os.PathLike[str], config: str | None = None) -> EnvRef
     if not isinstance(text, str) or not text.strip():
         raise EnvNotFoundError(f"{text!r} is not an env reference; {FORMS}")
     head, _, given = text.partition(":")
+    if not head.strip():  # ":hard" would read as the current folder
+        raise EnvNotFoundError(f"{text[:100]!r} names no env before its ':'; {FORMS}")
     config = config or given or None
     if _is_path(head):
         return EnvRef(head, "path", config, path=Path(head).expanduser())
