@@ -141,3 +141,29 @@ def test_a_cluster_that_asks_for_a_token_says_how_to_send_it(monkeypatch):
         check_answers(address, timeout_s=30)  # with the token: it answers
     finally:
         cluster.stop()
+
+
+FAILS_ONCE = """#!/bin/sh
+# The first start gives up as Ray's own does when its raylet registers late on a loaded machine; later ones run.
+if [ ! -e "$0.tried" ]; then touch "$0.tried"; echo "Exception: {message} This could happen ..."; exit 1; fi
+exec "$@"
+"""
+
+
+@pytest.mark.slow
+def test_a_test_cluster_node_whose_start_gives_up_early_is_started_again_and_other_failures_are_not(cluster, tmp_path):
+    from helpers.ray_cluster import RAY_START_TOO_EARLY
+
+    cluster.start_head(num_cpus=0)
+    once = tmp_path / "fails-once"
+    once.write_text(FAILS_ONCE.format(message=RAY_START_TOO_EARLY))
+    once.chmod(0o755)
+    cluster.add_node(num_cpus=1, wrapper=[str(once)])
+    assert cluster.launched == 3 and len(cluster.nodes) == 2  # head, the try that gave up, the node that joined
+    assert "Ray runtime started" in cluster.nodes[-1][1].read_text()
+
+    always = tmp_path / "always-fails"
+    always.write_text("#!/bin/sh\necho 'raylet: bad option'; exit 2\n")
+    always.chmod(0o755)
+    with pytest.raises(RuntimeError, match=r"ray start failed \(try 1, 600 s allowed\):\nraylet: bad option"):
+        cluster.add_node(num_cpus=1, wrapper=[str(always)])
