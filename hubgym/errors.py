@@ -138,18 +138,25 @@ class RescoreError(HubgymError, ValueError):
     envs, an output folder that is one of the sources); the message says how to fix it."""
 
 
+class SelectionError(HubgymError, ValueError):
+    """A selection of stored rollouts (train `offline.select`, `hubgym export sft`) keeps nothing, or keeps rows the
+    objective cannot learn from; the message names the selection and the fix."""
+
+
 class RolloutNotFoundError(HubgymError, LookupError):
     """A rollout id asked for (e.g. `hubgym replay --rollout ID`) is in none of the rows read."""
 
 
 class ShardError(HubgymError, ValueError):
-    """A rollout shard that is truncated, corrupted (its sha256 differs from the recorded one) or not a rollout
-    table. `shard` names it (a repo path such as RUN/shards/w000of001-00000.arrow, or a file); nothing of it
-    was used."""
+    """A rollout shard that is truncated, corrupted (its sha256 differs from the recorded one), not a rollout
+    table, or holding a row that breaks the row contract (hubgym.schemas.row_contract). `shard` names it (a repo
+    path such as RUN/shards/w000of001-00000.arrow, or a file); `column`, `row` (its number in the shard) and `rule`
+    say what broke, when one row did. Nothing of the shard was used."""
 
-    def __init__(self, message: str, shard: str | None = None):
-        self.shard = shard
-        super().__init__(message, shard=shard)
+    def __init__(self, message: str, shard: str | None = None, column: str | None = None, row: int | None = None,
+                 rule: str | None = None):
+        self.shard, self.column, self.row, self.rule = shard, column, row, rule
+        super().__init__(message, shard=shard, column=column, row=row, rule=rule)
 
 
 class ManifestError(HubgymError, ValueError):
@@ -262,6 +269,15 @@ class ResultsError(HubgymError, ValueError):
     def __init__(self, message: str, path: str | None = None, line: int | None = None):
         self.path, self.line = path, line
         super().__init__(message, path=path, line=line)
+
+
+class IntegrationError(HubgymError, RuntimeError):
+    """hubgym inside another framework cannot do what was asked: a trainer the TRL recorder cannot see the tokens
+    of, a recording that failed to write. `framework` names it, `setting` what to change."""
+
+    def __init__(self, message: str, framework: str | None = None, setting: str | None = None):
+        self.framework, self.setting = framework, setting
+        super().__init__(message, framework=framework, setting=setting)
 
 
 def error_text(exc: BaseException) -> str:

@@ -19,6 +19,8 @@ ordinary causal row that needs no mask at all (no real token attends to the padd
     old_logprobs     [B, T] float32 behaviour logprobs from the engine (0 where loss_mask is 0)
     advantages       [S]    float32 one group-relative advantage per sequence (S sequences; S = B unpacked)
     weights          [S]    float32 per-sequence weight (zero-variance down-weighting; 1 otherwise)
+    sft              [S]    bool    optional, sequences that train by likelihood (offline.loss sft: the loss
+                                    is -logp of each loss token, no advantage or ratio); absent: none
     ref_logprobs     [B, T] float32 optional, reference-model logprobs when beta > 0
     prox_logprobs    [B, T] float32 optional, the trainer's own logprobs before this update (the
                                     "proximal" policy): when present the loss clips against them and
@@ -51,6 +53,7 @@ class MicroBatch:
     old_logprobs: torch.Tensor
     advantages: torch.Tensor
     weights: torch.Tensor
+    sft: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     prox_logprobs: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None

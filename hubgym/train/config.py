@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hubgym.engines.settings import DTYPES, EngineSettings
 from hubgym.errors import HubgymError
 from hubgym.mixture.spec import MixEntry
+from hubgym.score.select import Selection
 
 
 class Section(BaseModel):
@@ -35,12 +36,39 @@ class Offline(Section):
     sources: list[str] = Field(default_factory=list, description="rollout run folders, shard files or Hub refs "
                                "(org/name[@rev][:RUN]) to train on first")
     steps: int = Field(0, ge=0, description="optimizer steps on stored rollouts (phase 1)")
+    loss: Literal["grpo", "sft"] = Field("grpo", description="objective for stored rows: grpo (group advantages, "
+                                         "importance-corrected against the stored behaviour logprobs) or sft (the "
+                                         "likelihood of the completions' sampled tokens; with a reward selection, "
+                                         "rejection-sampling fine-tuning; needs no logprobs)")
+    select: Selection = Field(default_factory=Selection, description="which stored rows train (see "
+                              "hubgym.score.select); reported before the first step")
+    rescore: bool = Field(False, description="score stored rows with the env's current verifier (or "
+                          "offline.verifier / offline.env_revision) as they are read, before advantages")
+    verifier: list[str] = Field(default_factory=list, description="with rescore: MODULE or ENV=MODULE, as `hubgym "
+                                "score --verifier` takes them")
+    env_revision: list[str] = Field(default_factory=list, description="with rescore: hub env revisions "
+                                    "(org/name@rev) whose verifiers score their env's rows (pinned with --pin, or "
+                                    "--trust)")
 
     @field_validator("sources")
     @classmethod
     def _each_source_once(cls, sources: list[str]) -> list[str]:
         """A source listed twice would train its groups twice as often as the others."""
         return listed_once(sources)
+
+    @model_validator(mode="after")
+    def _verifier_needs_rescore(self) -> "Offline":
+        """A verifier named for stored rows that are never re-scored would be silently ignored."""
+        if (self.verifier or self.env_revision) and not self.rescore:
+            named = "offline.verifier" if self.verifier else "offline.env_revision"
+            raise ValueError(f"{named} names the verifier that re-scores stored rows, but offline.rescore is false; "
+                             f"set offline.rescore=true, or remove {named}")
+        return self
+
+    @property
+    def selects(self) -> bool:
+        """Whether the stored rows are planned first (a rule is on, or they are re-scored)."""
+        return self.rescore or self.select != Selection()
 
 
 class Online(Section):
@@ -461,7 +489,7 @@ def describe_options(model: type[BaseModel] = TrainConfig, prefix: str = "") -> 
     """(key, default, description) for every option, nested sections flattened: the option reference."""
     for name, field in model.model_fields.items():
         annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, Section):
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):  # a section, or offline.select
             yield from describe_options(annotation, f"{prefix}{name}.")
             continue
         default = field.get_default(call_default_factory=True)

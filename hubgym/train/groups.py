@@ -24,6 +24,7 @@ ZERO_VARIANCE = ("drop", "downweight", "keep")
 SHORT_GROUPS = ("drop", "keep", "error")
 TRUNCATED = ("keep", "mask", "zero")
 UNKNOWN_ENV = ("skip", "error")
+OBJECTIVES = ("grpo", "sft")
 
 
 @dataclass(frozen=True)
@@ -37,10 +38,14 @@ class GroupSettings:
     strict: bool = False  # a bad row or an unknown env raises BadRowError instead of being skipped and counted
     buffer_groups: int = 256  # memory bound: incomplete groups held (and ready groups read ahead) at most
     unknown_env: str = "skip"  # rows of an env outside the configured mixture: skip (counted) | error
+    # grpo: group-relative advantages against the stored behaviour logprobs. sft: each row's sampled tokens train by
+    # likelihood, so a group of any size and rewards trains (no advantage) and behaviour logprobs are not needed.
+    objective: str = "grpo"
 
     def __post_init__(self) -> None:
         for name, allowed in (("advantage", ADVANTAGES), ("zero_variance", ZERO_VARIANCE),
-                              ("short_groups", SHORT_GROUPS), ("truncated", TRUNCATED), ("unknown_env", UNKNOWN_ENV)):
+                              ("short_groups", SHORT_GROUPS), ("truncated", TRUNCATED), ("unknown_env", UNKNOWN_ENV),
+                              ("objective", OBJECTIVES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"grpo.{name} is {getattr(self, name)!r}; use one of {', '.join(allowed)}")
         if self.n < 1 or self.buffer_groups < 1:
@@ -58,10 +63,18 @@ class Group:
     weight: float = 1.0  # sequence weight of every row (zero-variance down-weighting; see loss.py)
     loss_masked: list[bool] = field(default_factory=list)  # rows whose tokens get no gradient (truncation policy)
     refs: list[tuple[int, int]] = field(default_factory=list)  # (source, row position) of each row: for resume
+    objective: str = "grpo"  # how its rows train: grpo (advantages) or sft (likelihood; advantages unused)
+
+    def keep(self, keep: list[bool]) -> "Group":
+        """This group with only the rows where `keep` is true; advantages stay those of the whole group."""
+        def kept(values: list) -> list:
+            return [v for v, k in zip(values, keep) if k] if values else values
+        return Group(self.env, self.key, kept(self.rows), kept(self.advantages), self.weight, kept(self.loss_masked),
+                     kept(self.refs), self.objective)
 
 
-def bad_field(row: dict[str, Any]) -> str | None:
-    """The field that makes a row untrainable, or None.
+def bad_field(row: dict[str, Any], objective: str = "grpo") -> str | None:
+    """The field that makes a row untrainable, or None. Under `sft` a row without behaviour logprobs trains.
 
     Order matters only for the message: a failed row is reported as `error` even if its reward is null.
     """
@@ -79,7 +92,8 @@ def bad_field(row: dict[str, Any]) -> str | None:
         return "completion_ids"
     if len(row.get("completion_mask") or []) != n:
         return "completion_mask"
-    if len(row.get("completion_logprobs") or []) != n:
+    logprobs = len(row.get("completion_logprobs") or [])
+    if logprobs != n and not (objective == "sft" and logprobs == 0):
         return "completion_logprobs"
     if row.get("tokens_consistent") is False:
         return "tokens_consistent"
@@ -109,6 +123,10 @@ def make_group(rows: list[dict[str, Any]], settings: GroupSettings, counts: Coun
     """A trainable group from complete (or kept short) rows, or None when the zero-variance policy drops it."""
     rewards = [float(r["reward"]) for r in rows]
     weight = 1.0
+    if settings.objective == "sft":  # likelihood of each row's tokens: no group-relative signal needed
+        return Group(rows[0].get("env") or "?", rows[0]["group"], rows, [0.0] * len(rows), 1.0,
+                     [settings.truncated == "mask" and bool(r.get("truncated")) for r in rows], list(refs or []),
+                     "sft")
     if max(rewards) - min(rewards) < 1e-9:  # every sample scored the same: no relative signal
         counts["zero_variance_groups"] += 1
         if settings.zero_variance == "drop":

@@ -35,6 +35,13 @@ So in both modes C bounds how much a token's importance weight against the sampl
 With beta > 0 and reference logprobs ref:  l_it += beta k3,  k3 = exp(ref - logp) - (ref - logp) - 1
 (Schulman's k3 estimator of KL(pi || ref): never negative, low variance).
 
+A sequence marked sft (`batch.sft`: stored rows under offline.loss sft) trains by likelihood instead:
+    l_it  = -logp                                                       (no advantage, ratio, clip or KL)
+the token-level negative log-likelihood of its sampled tokens, aggregated as every other sequence is below.
+Its gradient is the policy gradient of advantage 1 on on-policy tokens: with a reward selection, SFT on stored
+rows is rejection-sampling fine-tuning. The policy/ metrics are over the other tokens; sft/tokens and sft/nll
+(the mean NLL of its tokens) are its own.
+
 Advantages (groups.py), for the rewards R_1..R_n of one group:
     grpo     A_i = (R_i - mean(R)) / (std(R) + 1e-6)         std: the population std of the group
     dr_grpo  A_i = R_i - mean(R)                               no std: dividing by it up-weights groups whose
@@ -195,6 +202,7 @@ class LossTokens:
     proximal: torch.Tensor | None  # the stored proximal logprobs, or None
     reference: torch.Tensor | None  # beta > 0
     proximal_is_current: bool  # proximal = the current policy itself, detached
+    sft: torch.Tensor | None = None  # (N,) bool: tokens of sequences that train by likelihood; None: none do
 
     def part(self, part: slice) -> "LossTokens":
         """The tokens in `part` (a chunk)."""
@@ -208,6 +216,8 @@ class TokenTerms:
     ratio: torch.Tensor  # no gradient, for the metrics
     is_weight: torch.Tensor
     kl: torch.Tensor | None
+    sft: torch.Tensor | None = None  # the tokens' sft flags (LossTokens.sft)
+    nll: torch.Tensor | None = None  # -logp of every token (no gradient), for sft/nll
 
 
 def loss_tokens(batch: MicroBatch, cfg: LossSettings) -> LossTokens:
@@ -224,7 +234,8 @@ def loss_tokens(batch: MicroBatch, cfg: LossSettings) -> LossTokens:
                       advantage=batch.advantages[sequence],
                       scale=batch.weights[sequence] * _divisor_share(batch, cfg, rows, cols, sequence),
                       proximal=batch.prox_logprobs[:, 1:][rows, cols] if stored else None,
-                      reference=reference, proximal_is_current=not stored and cfg.proximal == "current")
+                      reference=reference, proximal_is_current=not stored and cfg.proximal == "current",
+                      sft=batch.sft[sequence] if batch.sft is not None else None)
 
 
 def _divisor_share(batch: MicroBatch, cfg: LossSettings, rows, cols, sequence) -> torch.Tensor:
@@ -261,7 +272,10 @@ def token_terms(logp: torch.Tensor, tokens: LossTokens, cfg: LossSettings) -> To
         delta = tokens.reference - logp
         kl = torch.exp(delta) - delta - 1
         per_token = per_token + cfg.beta * kl
-    return TokenTerms(per_token, ratio.detach(), is_weight, kl.detach() if kl is not None else None)
+    if tokens.sft is not None:  # likelihood tokens: -logp alone (the other branch's gradient is masked out)
+        per_token = torch.where(tokens.sft, -logp, per_token)
+    return TokenTerms(per_token, ratio.detach(), is_weight, kl.detach() if kl is not None else None, tokens.sft,
+                      -logp.detach() if tokens.sft is not None else None)
 
 
 def loss_fn(logprobs: torch.Tensor, batch: MicroBatch, cfg: LossSettings,
@@ -304,25 +318,37 @@ def fused_loss(head: OutputHead, batch: MicroBatch, cfg: LossSettings,
 @torch.no_grad()
 def _metrics(terms: TokenTerms, adv: torch.Tensor, entropy: torch.Tensor | None,
              cfg: LossSettings) -> dict[str, torch.Tensor]:
-    """Fractions and means are over this micro-batch's loss tokens; `tokens` adds up across micro-batches. 0-dim
-    tensors on the loss's device: nothing here waits for the device."""
-    ratio, is_weight, tokens = terms.ratio, terms.is_weight, terms.ratio.numel()
+    """Fractions and means are over this micro-batch's policy-gradient loss tokens (not its sft ones); `tokens`
+    adds up across micro-batches. 0-dim tensors on the loss's device: nothing here waits for the device (tokens
+    are counted and averaged under a mask, never selected)."""
+    ratio, is_weight = terms.ratio, terms.is_weight
+    mine = (~terms.sft if terms.sft is not None else torch.ones_like(ratio, dtype=torch.bool)).float()
+    tokens = mine.sum()
+    some = tokens > 0
+
+    def mean(values: torch.Tensor, empty: float = 0.0) -> torch.Tensor:
+        return torch.where(some, (values.float() * mine).sum() / tokens.clamp(min=1), empty)
+
     low = ((ratio < 1 - cfg.epsilon_low) & (adv < 0)).float()
     high = ((ratio > 1 + cfg.epsilon_high) & (adv > 0)).float()
-    zero = ratio.new_zeros((), dtype=torch.float32)
+    largest = torch.where(mine > 0, is_weight, -torch.inf).max() if ratio.numel() else ratio.new_tensor(-torch.inf)
     values = {
-        "policy/tokens": zero + tokens,
-        "policy/clip_frac_low": low.mean() if tokens else zero,
-        "policy/clip_frac_high": high.mean() if tokens else zero,
-        "policy/clip_frac": (low + high).mean() if tokens else zero,
-        "policy/is_ratio_mean": is_weight.mean() if tokens else zero + 1,
-        "policy/is_ratio_max": is_weight.max() if tokens else zero + 1,
-        "policy/is_capped_frac": (is_weight > cfg.is_cap).float().mean() if tokens else zero,
+        "policy/tokens": tokens,
+        "policy/clip_frac_low": mean(low),
+        "policy/clip_frac_high": mean(high),
+        "policy/clip_frac": mean(low + high),
+        "policy/is_ratio_mean": mean(is_weight, 1.0),
+        "policy/is_ratio_max": torch.where(some, largest, 1.0),
+        "policy/is_capped_frac": mean(is_weight > cfg.is_cap),
     }
     if terms.kl is not None:
-        values["policy/kl"] = terms.kl.mean() if tokens else zero
+        values["policy/kl"] = mean(terms.kl)
     if entropy is not None:
-        values["policy/entropy"] = entropy.mean() if tokens else zero
+        values["policy/entropy"] = mean(entropy)
+    if terms.sft is not None:
+        count = terms.sft.sum().float()
+        values["sft/tokens"] = count
+        values["sft/nll"] = (terms.nll * terms.sft).sum() / count.clamp(min=1)
     return {key: value.float() for key, value in values.items()}
 
 

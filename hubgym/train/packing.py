@@ -25,7 +25,7 @@ weight (1, or the zero-variance weight). The losses divide by them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -33,7 +33,17 @@ from hubgym.errors import SequenceTooLongError
 from hubgym.train.batch import MicroBatch
 from hubgym.train.groups import Group
 
-Item = tuple[dict[str, Any], float, float, bool, str]  # (row, advantage, weight, loss masked, env)
+
+
+class Item(NamedTuple):
+    """One sequence to place: a row and what its group says of it."""
+
+    row: dict[str, Any]
+    advantage: float
+    weight: float
+    masked: bool  # no loss token (truncation or staleness policy)
+    env: str
+    sft: bool  # trains by likelihood (offline.loss sft), not by its advantage
 
 
 def take_step(stream, *, groups: int | None = None, sequences: int | None = None) -> list[Group]:
@@ -56,15 +66,15 @@ def sequence_length(row: dict[str, Any]) -> int:
 
 def pack_step(groups: list[Group], max_tokens: int, world_size: int = 1, pad_id: int = 0) -> list[list[MicroBatch]]:
     """One step: a list of micro-batches for each rank (the same number on every rank)."""
-    items: list[Item] = [(row, adv, g.weight, masked, g.env) for g in groups
-                         for row, adv, masked in zip(g.rows, g.advantages, g.loss_masked or [False] * len(g.rows))]
-    for row, *_, env in items:
+    items = [Item(row, adv, g.weight, masked, g.env, g.objective == "sft") for g in groups
+             for row, adv, masked in zip(g.rows, g.advantages, g.loss_masked or [False] * len(g.rows))]
+    for row, *_, env, _ in items:
         if sequence_length(row) > max_tokens:
             raise SequenceTooLongError(
                 f"rollout {row.get('rollout_id')!r} of env {env!r} has {sequence_length(row)} tokens (prompt + "
                 f"completion), more than the micro-batch budget batch.micro_batch_tokens={max_tokens}; raise the "
                 f"budget to at least the longest sequence (prompt length + max generated tokens)")
-    trainable = [(loss_tokens(row, masked), weight) for row, _, weight, masked, _ in items]
+    trainable = [(loss_tokens(item.row, item.masked), item.weight) for item in items]
     num_sequences = sum(weight for tokens, weight in trainable if tokens > 0)
     num_tokens = sum(weight * tokens for tokens, weight in trainable)
     plans = plan_rows([sequence_length(item[0]) for item in items], max_tokens)
@@ -138,7 +148,8 @@ def collate(rows: list[list[Item]], width: int, num_sequences: float, num_tokens
     index = 0
     for r, row in enumerate(rows):
         at = length = 0
-        for item_row, _, _, masked, _ in row:
+        for item in row:
+            item_row, masked = item.row, item.masked
             p, c = len(item_row["prompt_ids"]), len(item_row["completion_ids"])
             length = p + c
             ids[r, at:at + length] = torch.tensor(item_row["prompt_ids"] + item_row["completion_ids"])
@@ -146,8 +157,9 @@ def collate(rows: list[list[Item]], width: int, num_sequences: float, num_tokens
             if not masked:
                 loss_mask[r, at + p:at + length] = torch.tensor(item_row["completion_mask"], dtype=torch.float32)
             loss_mask[r, at] = 0.0  # a sequence's first token has no logit of its own sequence before it
-            old[r, at + p:at + length] = (torch.tensor(item_row["completion_logprobs"], dtype=torch.float32)
-                                          * loss_mask[r, at + p:at + length])
+            if item_row["completion_logprobs"]:  # an sft row may have none (an imported run): 0 then
+                old[r, at + p:at + length] = (torch.tensor(item_row["completion_logprobs"], dtype=torch.float32)
+                                              * loss_mask[r, at + p:at + length])
             positions[r, at:at + length] = torch.arange(length)
             sequence[r, at:at + length] = index
             at, index = at + length, index + 1
@@ -156,11 +168,12 @@ def collate(rows: list[list[Item]], width: int, num_sequences: float, num_tokens
     packed = any(len(row) > 1 for row in rows)
     return MicroBatch(
         input_ids=ids, attention_mask=attention, loss_mask=loss_mask, old_logprobs=old,
-        advantages=torch.tensor([adv for _, adv, *_ in placed], dtype=torch.float32),
-        weights=torch.tensor([w for _, _, w, _, _ in placed], dtype=torch.float32),
+        advantages=torch.tensor([item.advantage for item in placed], dtype=torch.float32),
+        weights=torch.tensor([item.weight for item in placed], dtype=torch.float32),
+        sft=torch.tensor([item.sft for item in placed]) if any(item.sft for item in placed) else None,
         position_ids=positions if packed else None, sequence_index=sequence,
         num_sequences=num_sequences, num_tokens=num_tokens,
-        rollout_ids=[row.get("rollout_id", "") for row, *_ in placed], envs=[env for *_, env in placed]
+        rollout_ids=[item.row.get("rollout_id", "") for item in placed], envs=[item.env for item in placed]
     ).with_loss_index()
 
 

@@ -141,7 +141,12 @@ class GroupStream:
                                   f"({', '.join(sorted(self.env_weights))}); add it under `envs` or drop the source",
                       strict=self.settings.strict or self.settings.unknown_env == "error")
             return
-        bad = bad_field(row)
+        bad = bad_field(row, self.settings.objective)
+        if bad == "completion_logprobs" and not row.get("completion_logprobs"):
+            raise BadRowError(f"env {env!r}, rollout {row.get('rollout_id')!r} has no behaviour logprobs (an imported "
+                              f"run, or another model's samples): GRPO weighs each token by the policy's ratio to "
+                              f"them; train such rows with offline.loss=sft", env=env,
+                              rollout_id=row.get("rollout_id"), field="completion_logprobs")
         if bad:
             self._bad(row, bad, _why(row, bad))
             return
@@ -174,13 +179,13 @@ class GroupStream:
         """A group that will not complete (sources ended, or pushed out of the buffer): the short-group policy."""
         entries = self._pending.pop(key)
         env = entries[0][2].get("env")
-        if self.settings.short_groups == "error":
+        if self.settings.short_groups == "error" and self.settings.objective != "sft":
             raise BadRowError(f"group {key!r} of env {env!r} has {len(entries)} rows, expected n={self.settings.n}; "
                               f"set grpo.short_groups to drop or keep, or raise batch.buffer_groups if the "
                               f"group's rows are far apart in the sources", env=env, field="group")
         self.counts["short_groups"] += 1
-        if self.settings.short_groups == "keep" and len(entries) >= 2:
-            self._finish(entries)
+        if self.settings.objective == "sft" or (self.settings.short_groups == "keep" and len(entries) >= 2):
+            self._finish(entries)  # sft: every row trains on its own
         else:  # one row has no group-relative signal
             self.counts["dropped_groups/short"] += 1
 

@@ -20,7 +20,7 @@ after. A checkpoint (weights, optimizer, stream position, RNG) is written every
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -70,6 +70,7 @@ class Trainer:
         self.online_metrics: dict[str, float] = {}  # of the current online step: sync and generation s, staleness
         self.counts: dict[str, int] = {}
         self.skip_reason: str | None = None  # why the last step was skipped (a loss or gradient not finite)
+        self.plan = None  # the offline selection (hubgym.score.select.SelectionPlan), when one is configured
 
     # -- setup ------------------------------------------------------------------------------------
 
@@ -156,7 +157,8 @@ class Trainer:
         self.log = log = MetricsLog(self.out, console=self.console, every=cfg.log.every, backends=backends,
                                     config=cfg.model_dump(), enabled=self.policy.rank == 0,
                                     keep_lines=client["stream"].get("metrics_lines") if client else 0)
-        offline = self._offline_groups(skip=self.offline_used)
+        offline = self._offline_groups(skip=self.offline_used,
+                                       needed=start < cfg.offline.steps or bool(cfg.online.offline_fraction))
         if self.policy.rank == 0 and (cfg.online.steps or cfg.eval.limit):
             self.engine()  # started here, on the main thread, before the engine thread uses it
         self._sync(start)  # resumed (or a given engine): serve the checkpoint's weights, version = steps taken
@@ -274,6 +276,8 @@ class Trainer:
         metrics: dict[str, Any] = env_metrics(rows)
         metrics["train/groups"] = len(groups)
         metrics["train/phase"] = 0 if step < cfg.offline.steps else 1
+        if self.plan is not None:  # what the selection kept and dropped, and what re-scoring changed
+            metrics.update(self.plan.metrics())
         metrics.update(self.online_metrics if metrics["train/phase"] else {})
         if not groups:  # every group was zero-variance or short: nothing to learn from at this step
             metrics["train/empty_step"] = 1
@@ -314,22 +318,37 @@ class Trainer:
 
     # -- pieces -----------------------------------------------------------------------------------
 
-    def _offline_groups(self, skip: int) -> Iterator[Group]:
-        """Stored groups, cycling over the sources (a new seeded order each pass); `skip` resumes."""
+    def _offline_groups(self, skip: int, needed: bool) -> Iterator[Group]:
+        """Stored groups, cycling over the sources (a new seeded order each pass); `skip` resumes. With a selection
+        or re-scoring (`offline.select`, `offline.rescore`) the sources are planned first (hubgym.score.select),
+        when stored groups are `needed` at all: only the planned rows' groups are read, with re-scored rewards,
+        and each group trains its selected rows (under grpo, with the advantages of the whole group)."""
         sources = self.cfg.offline.sources
         self.stream_counts: dict[str, int] = {}
+        self.plan = self._plan() if needed else None
+        settings = replace(self.group_settings(), objective=self.cfg.offline.loss)
 
-        def groups() -> Iterator[Group]:
+        def rows(source: str) -> Iterator[dict]:
             from hubgym.hub.rollouts import iter_rollouts
 
+            for row in iter_rollouts([source], hub=self.hub):
+                if self.plan is None:
+                    yield row
+                elif row.get("group") in self.plan.groups:
+                    yield self.plan.row(row)
+
+        def groups() -> Iterator[Group]:
             epoch = 0
             while sources:
-                stream = GroupStream([iter_rollouts([s], hub=self.hub) for s in sources], self.group_settings(),
-                                     self.weights, seed=self.cfg.seed + epoch, on_row=self.offline_read.append)
+                stream = GroupStream([rows(s) for s in sources], settings, self.weights, seed=self.cfg.seed + epoch,
+                                     on_row=self.offline_read.append)
                 produced = False
                 for group in stream:
-                    produced = True
-                    yield group
+                    if self.plan is not None:
+                        group = group.keep([self.plan.keeps(row.get("rollout_id")) for row in group.rows])
+                    if group.rows:
+                        produced = True
+                        yield group
                 for key, value in stream.counts.items():
                     self.stream_counts[f"offline/{key}"] = self.stream_counts.get(f"offline/{key}", 0) + value
                 if not produced:  # a zero-row shard, rows of envs the config does not train, ...: one line
@@ -344,6 +363,33 @@ class Trainer:
             next(iterator)
         self.offline_read.clear()  # rows of steps trained before the checkpoint
         return iterator
+
+    def _plan(self):
+        """The offline selection planned over the sources (re-scored as asked), reported, and checked to keep rows
+        the objective can learn from; None when no rule is on and nothing is re-scored."""
+        o = self.cfg.offline
+        if not o.sources or not o.selects:
+            return None
+        from hubgym.errors import SelectionError
+        from hubgym.score.select import plan_selection
+
+        choice = None
+        if o.rescore:
+            from hubgym.score.choice import VerifierChoice
+
+            choice = VerifierChoice(o.verifier or None, o.env_revision or None, trust=self.trust, pin=self.pins,
+                                    hub=self.hub)
+        plan = plan_selection(o.sources, o.select, hub=self.hub, choice=choice, trust=self.trust, pins=self.pins)
+        if self.policy.rank == 0:
+            self.console.print(plan.table())
+        plan.check_not_empty()
+        if o.loss == "grpo" and plan.without_logprobs:
+            env, rollout = plan.without_logprobs[0]
+            raise SelectionError(f"{len(plan.without_logprobs)} of the {len(plan.kept)} selected stored rows have no "
+                                 f"behaviour logprobs (env {env!r}, rollout {rollout!r} first: an imported run, or "
+                                 f"another model's samples); offline.loss=grpo weighs each token by the policy's "
+                                 f"ratio to them, so train these rows with offline.loss=sft")
+        return plan
 
     def _take(self, offline: Iterator[Group], count: int) -> list[Group]:
         if count <= 0 or not self.cfg.offline.sources:
