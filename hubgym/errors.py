@@ -159,6 +159,17 @@ class ShardError(HubgymError, ValueError):
         super().__init__(message, shard=shard, column=column, row=row, rule=rule)
 
 
+class RowContractError(HubgymError, ValueError):
+    """Rows handed to the shard writer break the row contract (hubgym.schemas.row_contract): what every reader would
+    refuse is never stored. `column`, `row` (its place among the rows written), `rule` and `rollout_id` say which;
+    nothing was written. A bug in the code that made the rows (an import, a custom loop), not in stored data."""
+
+    def __init__(self, message: str, column: str | None = None, row: int | None = None, rule: str | None = None,
+                 rollout_id: str | None = None):
+        self.column, self.row, self.rule, self.rollout_id = column, row, rule, rollout_id
+        super().__init__(message, column=column, row=row, rule=rule, rollout_id=rollout_id)
+
+
 class ManifestError(HubgymError, ValueError):
     """A stored file beside the shards is not what hubgym wrote: a run's manifest-*.json, or a rollout repo's
     index.json or summary.json (not UTF-8, not JSON, a field missing or of the wrong type). `path` names it; the

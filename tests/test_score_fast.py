@@ -216,7 +216,7 @@ def run(tmp_path) -> Path:
         writer = ShardWriter(tmp_path / "run", f"w00{k}of002")
         writer.add_group(rows)
         writer.flush()
-        writer.write_manifest({"schema_version": 1, "run_id": "r", "worker": writer.worker, "rows": len(rows),
+        writer.write_manifest({"schema_version": "1.0", "run_id": "r", "worker": writer.worker, "rows": len(rows),
                                "shards": [p.name for p in writer.shards()], "shard_files": writer.shard_files(),
                                "envs": {}, "updated_at": "2026-01-01T00:00:00+00:00"})
     return tmp_path / "run"
@@ -324,7 +324,7 @@ def test_a_bundle_of_shards_writes_the_bytes_each_shard_alone_writes(tmp_path):
     for i, (task, completion) in enumerate(cases * 2):  # small shards of both envs, some rows carried
         writer.add_group([stored_row(i, task, completion, error=ENGINE_ERROR if i % 5 == 0 else None)])
     writer.flush()
-    writer.write_manifest({"schema_version": 1, "run_id": "r", "worker": writer.worker, "rows": writer.rows_written,
+    writer.write_manifest({"schema_version": "1.0", "run_id": "r", "worker": writer.worker, "rows": writer.rows_written,
                            "shards": [p.name for p in writer.shards()], "shard_files": writer.shard_files(),
                            "envs": {}, "updated_at": "2026-01-01T00:00:00+00:00"})
     shards = shard_sources(str(tmp_path / "run"))

@@ -7,9 +7,10 @@ import logging
 import pickle
 from collections import Counter
 
+import pyarrow as pa
 import pytest
 
-from hubgym.errors import BadRowError, NoShardsError, SequenceTooLongError, ShardError
+from hubgym.errors import BadRowError, NoShardsError, RowContractError, SequenceTooLongError, ShardError
 from hubgym.rollout.writer import ShardWriter
 from hubgym.train.config import ConfigError
 from hubgym.train.groups import GroupSettings, advantages
@@ -27,6 +28,17 @@ def shards(tmp_path, name: str, rows: list[dict], per_shard: int = 4):
         writer.add_group(rows[start:start + per_shard])
     writer.flush()
     return tmp_path / name
+
+
+def forge_shard(folder, rows: list[dict]):
+    """A shard of `rows` written with pyarrow alone, as a writer other than hubgym's could (no run manifest)."""
+    from hubgym.schemas.tables import rollouts_to_table
+
+    (folder / "shards").mkdir(parents=True)
+    table = rollouts_to_table(rows)
+    with pa.ipc.new_file(str(folder / "shards" / "w000of001-00000.arrow"), table.schema) as writer:
+        writer.write_table(table)
+    return folder
 
 
 def summary(groups) -> list[tuple]:
@@ -97,18 +109,30 @@ def test_zero_variance_groups_dropped_downweighted_or_kept():
     assert kept == {"e-g0": 1.0, "e-g1": 1.0}
 
 
-@pytest.mark.parametrize("field, bad", [("completion_mask", [1, 1]), ("completion_logprobs", [-1.0]),
-                                        ("tokens_consistent", False), ("reward", None),
-                                        ("error", {"boundary": "engine", "type": "X", "message": "m"})])
+REFUSED = {"completion_mask": "one-mask-per-token", "completion_logprobs": "one-logprob-per-token",
+           "reward": "reward-or-error"}
+"""Rows no writer stores (the row contract): a shard holding one is refused whole where it opens."""
+
+
+@pytest.mark.parametrize("field, bad", [("completion_mask", {"completion_mask": [1, 1]}),
+                                        ("completion_logprobs", {"completion_logprobs": [-1.0]}),
+                                        ("tokens_consistent", {"tokens_consistent": False}),
+                                        ("reward", {"reward": None}),
+                                        ("error", {"error": {"boundary": "engine", "type": "X", "message": "m"},
+                                                   "reward": None})])
 def test_bad_rows_are_skipped_with_a_named_counted_warning_or_refused_in_strict_mode(tmp_path, field, bad, caplog):
-    rows = [{**row("e", 0, 0, 1.0), field: bad}, row("e", 0, 1, 0.0), row("e", 0, 2, 1.0)]
-    folder = shards(tmp_path, "r", rows)
-    if field == "completion_mask":  # no writer stores it: a shard holding it is refused whole where it opens
-        with pytest.raises(ShardError, match=r"column 'completion_mask', row 0 has not one value per completion"):
-            list(LocalShards(folder))
+    rows = [{**row("e", 0, 0, 1.0), **bad}, row("e", 0, 1, 0.0), row("e", 0, 2, 1.0)]
+    folder = shards(tmp_path, "r", rows if field not in REFUSED else rows[1:])
+    if field in REFUSED:
+        with pytest.raises(RowContractError, match=f"column '{field}' breaks rule {REFUSED[field]}: "):
+            shards(tmp_path / "bad", "r", rows)  # hubgym's writer never stores it
+        forged = forge_shard(tmp_path / "forged", rows)  # another writer could
+        with pytest.raises(ShardError, match=rf"column '{field}', row 0 \(rollout 'e-0-0'\) breaks rule "
+                                             rf"{REFUSED[field]}: "):
+            list(LocalShards(forged))
 
     def source():  # rows from another source than shards are held to the same rule, row by row
-        return rows if field == "completion_mask" else LocalShards(folder)
+        return rows if field in REFUSED else LocalShards(folder)
 
     with caplog.at_level(logging.WARNING, logger="hubgym.train"):
         stream = GroupStream([source()], GroupSettings(n=2))
@@ -146,10 +170,11 @@ def test_duplicate_samples_are_skipped():
     assert [r["sample"] for r in group.rows] == [0, 1] and stream.counts["skipped_rows/sample"] == 1
 
 
-def test_rows_without_an_env_still_form_groups():
+def test_rows_without_an_env_still_form_groups_and_an_empty_env_name_is_skipped():
     rows = [{**row("e", g, s, float(s)), "env": env} for g, env in enumerate([None, ""]) for s in range(2)]
     stream = GroupStream([rows], GroupSettings(n=2))
-    assert [(g.env, g.key) for g in stream] == [("?", "e-g0"), ("?", "e-g1")] and stream.counts["groups"] == 2
+    assert [(g.env, g.key) for g in stream] == [("?", "e-g0")] and stream.counts["groups"] == 1
+    assert stream.counts["skipped_rows/env"] == 2  # '' is no env name (the row contract's env-name rule)
 
 
 def test_every_row_read_is_handed_to_on_row_trainable_or_not():

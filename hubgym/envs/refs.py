@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Literal
 
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
+from hubgym.schemas.tasks import ENV_NAME, ENV_NAME_RULE
 
-ENV_NAME_RULE = "1-64 ASCII letters, digits and '_', starting with a letter"
-ENV_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 ENV_ID = re.compile(r"(?P<name>[A-Za-z][A-Za-z0-9_]{0,63})-v(?P<version>[1-9][0-9]{0,8})")
 """`<name>-v<N>`: an env at one version (a builder's env_id())."""
 

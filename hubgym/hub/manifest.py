@@ -163,22 +163,60 @@ class StoredFile:
         return read_json_object(self.path, self.fail)
 
 
+_RUN_TYPES: dict[str, tuple[type, ...]] = {
+    "run_id": (str, type(None)), "schema_version": (str,), "worker": (str,), "model": (str,), "kind": (str,),
+    "policy_version": (int,), "n": (int,), "rows": (int,), "shards": (list,), "split": (str, type(None)),
+    "engine": (str,), "updated_at": (str,), "run_ids": (list,)}
+"""The JSON type of each field a run manifest's writers write (the rollout run, a re-score, an import); a field
+left out is fine (older runs, online steps), one of another type is not."""
+_COUNTS = ("policy_version", "n", "rows")
+
+
 def read_run_manifest(path: Path) -> dict[str, Any]:
-    """A run folder's manifest-*.json, with `run_id`, `envs` and `shard_files` (always a dict) checked."""
+    """A run folder's manifest-*.json: every field its writers write of its type (`_RUN_TYPES`), counts >= 0,
+    `envs` and `shard_files` (always a dict) checked, and `rows` equal to the rows its shard records add up to."""
     stored = StoredFile(path, str(path), RUN_MANIFEST_FIX)
     manifest = stored.read()
-    expect(manifest.get("run_id"), (str, type(None)), "run_id", stored.fail)
+    for key, kinds in _RUN_TYPES.items():
+        if key in manifest or key == "run_id":
+            expect(manifest.get(key), kinds, key, stored.fail)
+    for key in _COUNTS:
+        if key in manifest and manifest[key] < 0:
+            raise stored.fail(f"has {key} {manifest[key]}, expected a count >= 0", key)
+    for key in ("shards", "run_ids"):
+        for i, value in enumerate(manifest.get(key) or []):
+            expect(value, (str,), f"{key}[{i}]", stored.fail)
     for env, info in (expect(manifest.get("envs"), (dict, type(None)), "envs", stored.fail) or {}).items():
         expect(info, (dict,), f"envs.{env}", stored.fail)
     files = expect(manifest.get("shard_files"), (dict, type(None)), "shard_files", stored.fail) or {}
     manifest["shard_files"] = shard_records(files, "shard_files", stored.fail)
+    _check_rows(manifest, "shard_files", stored)
     return manifest
+
+
+def _check_rows(record: dict[str, Any], field: str, stored: StoredFile) -> None:
+    """A record's `rows` (where it has one and lists shards) is what its shards' rows add up to."""
+    if "rows" in record and record.get(field):
+        total = sum(info["rows"] for info in record[field].values())
+        if record["rows"] != total:
+            raise stored.fail(f"has rows {record['rows']}, but the rows of its {field} add up to {total}", "rows")
+
+
+def run_ids(manifest: dict[str, Any]) -> frozenset[str] | None:
+    """The run ids a run manifest says its rows hold: a rollout run's own; a re-score's `run_ids` (the runs it
+    re-scored). None where it does not say (an older re-score): its rows' run ids are not checked then."""
+    if manifest.get("kind") == "rescore":
+        return frozenset(manifest["run_ids"]) if "run_ids" in manifest else None
+    return frozenset([manifest["run_id"]]) if manifest.get("run_id") is not None else None
 
 
 def read_index(stored: StoredFile) -> dict[str, Any]:
     """A rollout run's index.json: `shards` checked, `features` (if any) a valid `datasets` features dict."""
     index = stored.read()
     index["shards"] = shard_records(expect(index.get("shards"), (dict,), "shards", stored.fail), "shards", stored.fail)
+    if "rows" in index:
+        expect(index["rows"], (int,), "rows", stored.fail)
+        _check_rows(index, "shards", stored)
     features = expect(index.get("features"), (dict, type(None)), "features", stored.fail)
     if features:
         import datasets

@@ -26,12 +26,14 @@ import datasets
 import pyarrow as pa
 from datasets.exceptions import DatasetGenerationError
 
-from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError, SkippedShardsWarning
+from hubgym.errors import EnvNotFoundError, HubgymError, NoShardsError, ShardError
 from hubgym.hub.base import HubBackend, check_name, parse_ref
 from hubgym.hub.factory import get_hub
-from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest
+from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_manifest, run_ids
 from hubgym.hub.shard_checks import SeenRollouts
-from hubgym.hub.shards import LoadedShard, ShardSource, decode_info, fetch_or_error, open_or_error
+from hubgym.hub.shards import (
+    LoadedShard, ShardSource, decode_info, fetch_or_error, open_or_error, shard_rows, skipped_warning,
+)
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, upgrade_schema
 
 Source = str | os.PathLike | Sequence[str | os.PathLike]
@@ -93,6 +95,7 @@ def _local_sources(path: Path) -> list[ShardSource]:
     if not path.is_file():
         run_dirs |= {manifest.parent for manifest in path.rglob("manifest-*.json")}
     recorded = {run_dir: recorded_shards(run_dir) for run_dir in sorted(run_dirs)}
+    owners = {run_dir: recorded_run_ids(run_dir) for run_dir in sorted(run_dirs)}
     listed = {run_dir / "shards" / name for run_dir, files in recorded.items() for name in files}
     files = sorted(set(found) | {p for p in listed if path in p.parents}) if not path.is_file() else found
     if not files:
@@ -101,7 +104,8 @@ def _local_sources(path: Path) -> list[ShardSource]:
     out = []
     for file in files:
         info = recorded[file.parent.parent].get(file.name, {})
-        out.append(ShardSource(str(file), str(file), info.get("sha256"), info.get("rows")))
+        ids = owners[file.parent.parent].get(shard_worker(file.name))
+        out.append(ShardSource(str(file), str(file), info.get("sha256"), info.get("rows"), run_ids=ids))
     return out
 
 
@@ -117,9 +121,24 @@ def recorded_shards(run_dir: Path) -> dict[str, dict]:
     return found
 
 
+def recorded_run_ids(run_dir: Path) -> dict[str, frozenset[str] | None]:
+    """{worker: the run ids its manifest says its shards' rows hold} (manifest-<worker>.json names the worker, its
+    shards are <worker>-<n>.arrow); a worker without a manifest, or whose manifest does not say, is not listed."""
+    owners: dict[str, frozenset[str] | None] = {}
+    for manifest in sorted(run_dir.glob("manifest-*.json")):
+        owners[manifest.stem.removeprefix("manifest-")] = run_ids(read_run_manifest(manifest))
+    return owners
+
+
+def shard_worker(file: str) -> str:
+    """The worker that wrote a shard file: `w000of001` of `w000of001-00003.arrow`."""
+    return file.rsplit("-", 1)[0]
+
+
 def _hub_sources(ref: str, backend: HubBackend) -> tuple[list[ShardSource], dict | None]:
     repo, revision, run = parse_rollout_ref(ref)
-    snapshot = backend.resolve(repo, revision, patterns=[f"{run or '*'}/{INDEX_FILE}"])  # metadata only
+    patterns = [f"{run or '*'}/{INDEX_FILE}", f"{run or '*'}/manifest-*.json"]  # metadata only
+    snapshot = backend.resolve(repo, revision, patterns=patterns)
     runs = sorted(p.parent.name for p in snapshot.path.glob(f"*/{INDEX_FILE}"))
     if run is not None and run not in runs:
         raise NoShardsError(f"{repo}@{snapshot.revision} on the {backend.name} hub has no rollout run {run!r}; its "
@@ -129,6 +148,7 @@ def _hub_sources(ref: str, backend: HubBackend) -> tuple[list[ShardSource], dict
         stored = StoredFile(snapshot.path / name / INDEX_FILE, f"{repo}@{snapshot.revision}:{name}/{INDEX_FILE}",
                             INDEX_FIX)
         index = read_index(stored)
+        owners = recorded_run_ids(snapshot.path / name)
         shards, features = index["shards"], features or index.get("features")
         paths = [f"{name}/shards/{file}" for file in sorted(shards)]
         urls, kwargs = backend.stream_urls(snapshot, paths)
@@ -136,7 +156,8 @@ def _hub_sources(ref: str, backend: HubBackend) -> tuple[list[ShardSource], dict
             protocol = url.split("://", 1)[0] if "://" in url else ""
             options = (kwargs.get("storage_options") or {}).get(protocol, {})
             info = shards[path.rsplit("/", 1)[1]]
-            out.append(ShardSource(path, url, info["sha256"], info["rows"], options))
+            out.append(ShardSource(path, url, info["sha256"], info["rows"], options,
+                                   run_ids=owners.get(shard_worker(path.rsplit("/", 1)[1]))))
     if not out:
         raise NoShardsError(f"{repo}@{snapshot.revision} on the {backend.name} hub holds no rollout runs; push one "
                             f"with `hubgym push-rollouts RUN_DIR {repo}`")
@@ -147,19 +168,22 @@ def _hub_sources(ref: str, backend: HubBackend) -> tuple[list[ShardSource], dict
 
 
 def iter_batches(source: Source, *, hub: HubSpec = None, verify: bool = True, skip_bad: bool = False,
-                 counts: dict | None = None) -> Iterator[pa.RecordBatch]:
+                 counts: dict | None = None, vocab_size: int | None = None) -> Iterator[pa.RecordBatch]:
     """Record batches of every shard of `source`, in order, each shard checked before its first batch.
 
-    `counts`, if given, gets "shards", "rows" and "bad_shards" added up as the read goes.
+    `counts`, if given, gets "shards", "rows", "bad_shards" and "bad_rows" added up as the read goes;
+    `vocab_size`: token ids are held below it too (the reader knows the tokenizer).
     """
-    for loaded in verified_shards(shard_sources(source, hub=hub), verify=verify, skip_bad=skip_bad, counts=counts):
+    for loaded in verified_shards(shard_sources(source, hub=hub), verify=verify, skip_bad=skip_bad, counts=counts,
+                                  vocab_size=vocab_size):
         yield from loaded.batches()
 
 
 def iter_rollouts(source: Source, *, hub: HubSpec = None, verify: bool = True, skip_bad: bool = False,
-                  counts: dict | None = None) -> Iterator[dict[str, Any]]:
+                  counts: dict | None = None, vocab_size: int | None = None) -> Iterator[dict[str, Any]]:
     """Rollout rows as dicts (`info` decoded, as `datasets` decodes it), one record batch in memory at a time."""
-    for loaded in verified_shards(shard_sources(source, hub=hub), verify=verify, skip_bad=skip_bad, counts=counts):
+    for loaded in verified_shards(shard_sources(source, hub=hub), verify=verify, skip_bad=skip_bad, counts=counts,
+                                  vocab_size=vocab_size):
         for batch in loaded.batches():
             for row in batch.to_pylist():
                 yield decode_row(row, loaded.source.name)
@@ -173,16 +197,17 @@ def decode_row(row: dict[str, Any], shard: str | None = None) -> dict[str, Any]:
 
 def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad: bool = False,
                     counts: dict | None = None, whole_read: bool = True,
-                    seen: SeenRollouts | None = None) -> Iterator[LoadedShard]:
-    """Each shard loaded and checked (see load_shard), in order; a bad one raises its ShardError, or with
-    `skip_bad` is left out and named in one SkippedShardsWarning at the end (NoShardsError when every one is and
-    `sources` is the `whole_read`, not one worker's part of it). This is the one way hubgym
-    reads stored shards: iter_rollouts, open_rollouts, `hubgym report` and `hubgym score` all go through it.
-    A shard holding a rollout id that an earlier one of the read held (or of `seen`'s reads) is a bad shard too."""
+                    seen: SeenRollouts | None = None, vocab_size: int | None = None) -> Iterator[LoadedShard]:
+    """Each shard loaded and checked (see load_shard: the row contract included), in order; a bad one raises its
+    ShardError, or with `skip_bad` is left out, its rows counted, and named with what broke in one
+    SkippedShardsWarning at the end (NoShardsError when every one is and `sources` is the `whole_read`, not one
+    worker's part of it). This is the one way hubgym reads stored shards: iter_rollouts, open_rollouts, `hubgym
+    report`, `score`, `replay`, `stats` and `view` all go through it. A shard holding a rollout id that an earlier
+    one of the read held (or of `seen`'s reads) is a bad shard too."""
     counts = counts if counts is not None else {}
-    bad: list[str] = []
+    bad: list[tuple[ShardSource, ShardError]] = []
     seen = seen if seen is not None else SeenRollouts()
-    for source, loaded in _prefetched(sources, verify):
+    for source, loaded in _prefetched(sources, verify, vocab_size):
         if verify and isinstance(loaded, LoadedShard):
             try:
                 seen.add(loaded.source.name, loaded.ids)
@@ -191,21 +216,22 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
         if isinstance(loaded, ShardError):
             if not skip_bad:
                 raise loaded
-            bad.append(source.name)
+            bad.append((source, loaded))
             counts["bad_shards"] = counts.get("bad_shards", 0) + 1
+            counts["bad_rows"] = counts.get("bad_rows", 0) + (shard_rows(source) or 0)
             continue
         counts["shards"] = counts.get("shards", 0) + 1
         counts["rows"] = counts.get("rows", 0) + loaded.rows
         yield loaded
     if bad:
-        warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(sources)} in this read): "
-                                           f"{', '.join(bad)}"), stacklevel=3)
+        warnings.warn(skipped_warning([(s.name, shard_rows(s), e) for s, e in bad], len(sources)), stacklevel=3)
         if whole_read and len(bad) == len(sources):  # skipping every shard would read nothing, looking like success
             raise NoShardsError(f"every one of the {len(sources)} shard(s) read is bad (named in the note above); "
                                 f"re-run the rollout that wrote them, or read another source")
 
 
-def _prefetched(sources: list[ShardSource], verify: bool) -> Iterator[tuple[ShardSource, LoadedShard | ShardError]]:
+def _prefetched(sources: list[ShardSource], verify: bool,
+                vocab_size: int | None = None) -> Iterator[tuple[ShardSource, LoadedShard | ShardError]]:
     """Each shard loaded and checked (or its ShardError), the next one read and hashed in a thread meanwhile
     (`fetch_shard`: outside the GIL nearly all of it); each is opened and checked here, as it is used."""
     if not sources:
@@ -217,7 +243,7 @@ def _prefetched(sources: list[ShardSource], verify: bool) -> Iterator[tuple[Shar
             fetched = pending.result()
             if i + 1 < len(sources):
                 pending = pool.submit(fetch_or_error, sources[i + 1])
-            yield source, open_or_error(fetched, verify=verify)
+            yield source, open_or_error(fetched, verify=verify, vocab_size=vocab_size)
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

@@ -35,7 +35,7 @@ from hubgym.hub.manifest import INDEX_FIX, StoredFile, read_index, read_run_mani
 from hubgym.hub.rollout_card import merge_summaries, read_summary, render_card, run_summary
 from hubgym.hub.rollout_reader import (  # noqa: F401  (the reading half, re-exported)
     INDEX_FILE, RolloutShards, decode_row, iter_batches, iter_rollouts,
-    open_rollouts, parse_rollout_ref, recorded_shards, shard_sources,
+    open_rollouts, parse_rollout_ref, recorded_run_ids, recorded_shards, shard_sources, shard_worker,
 )
 from hubgym.hub.shard_checks import SeenRollouts
 from hubgym.files import sha256_file
@@ -72,7 +72,7 @@ def push_rollouts(run_dir: str | os.PathLike, repo: str, *, hub: HubBackend | st
         raise NoShardsError(f"{run_dir} is not a rollout run folder (no manifest-*.json or shards/*.arrow); give the "
                             f"--out folder of `hubgym rollout`")
     name = _check_name(name or read_run_manifest(manifests[0])["run_id"] or run_dir.name)
-    local, features = check_shards(shards, recorded_shards(run_dir))
+    local, features = check_shards(shards, recorded_shards(run_dir), recorded_run_ids(run_dir))
     backend.create_repo(repo)
     index, head = _repo_index(backend, repo, name)
     todo = [p for p in shards if index["shards"].get(p.name, {}).get("sha256") != local[p.name]["sha256"]]
@@ -90,8 +90,10 @@ def push_rollouts(run_dir: str | os.PathLike, repo: str, *, hub: HubBackend | st
                        sum(s["rows"] for s in index["shards"].values()), commits + card_commits)
 
 
-def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[str, dict], dict]:
-    """{file: {"sha256", "rows"}} of shards that pass every check, and their (common) features; else ShardError."""
+def check_shards(shards: list[Path], recorded: dict[str, dict],
+                 owners: dict[str, frozenset[str] | None] | None = None) -> tuple[dict[str, dict], dict]:
+    """{file: {"sha256", "rows"}} of shards that pass every check (the row contract, and the run ids their
+    workers' manifests record, `owners`), and their (common) features; else ShardError."""
     gone = sorted(set(recorded) - {p.name for p in shards})
     if gone:  # a partial run is never published
         missing = shards[0].parent / gone[0]
@@ -100,7 +102,8 @@ def check_shards(shards: list[Path], recorded: dict[str, dict]) -> tuple[dict[st
     out, features, seen = {}, None, SeenRollouts()
     for path in shards:
         info = recorded.get(path.name, {})
-        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows")))  # its sha256 is checked below
+        ids = (owners or {}).get(shard_worker(path.name))
+        loaded = load_shard(ShardSource(str(path), str(path), None, info.get("rows"), run_ids=ids))  # sha256: below
         sha = sha256_file(path)
         if info.get("sha256") not in (None, sha):
             raise ShardError(f"shard {path} changed after it was written: its sha256 is {sha}, the run manifest "

@@ -21,8 +21,8 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from hubgym.errors import HubConnectionError, ShardError
-from hubgym.hub.shard_checks import FIX, as_read, check_batch
+from hubgym.errors import HubConnectionError, ShardError, SkippedShardsWarning
+from hubgym.hub.shard_checks import FIX, ShardCheck, as_read
 from hubgym.schemas.rollouts import ROLLOUT_SCHEMA, column_type_ok
 from hubgym.schemas.tasks import parse_json
 
@@ -36,6 +36,7 @@ class ShardSource:
     sha256: str | None = None  # as recorded by the writer or the push; None: nothing recorded it
     rows: int | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # fsspec options (a token)
+    run_ids: frozenset[str] | None = field(default=None, compare=False)  # what its run's manifests record, if any
 
     @property
     def remote(self) -> bool:
@@ -65,11 +66,11 @@ class FetchedShard:
     sha256: str
 
 
-def load_shard(source: ShardSource, *, verify: bool = True) -> LoadedShard:
+def load_shard(source: ShardSource, *, verify: bool = True, vocab_size: int | None = None) -> LoadedShard:
     """Fetch (remote) or map (local) a shard and check it: sha256 when recorded, Arrow structure, schema, every
-    batch fully (shard_checks.check_batch), rows. `verify=False` checks the structure and schema alone: for
-    files this process wrote itself."""
-    return open_fetched(fetch_shard(source), verify=verify)
+    batch fully and the row contract (shard_checks.ShardCheck; token ids below `vocab_size` too, when given), rows.
+    `verify=False` checks the structure and schema alone: for files this process wrote itself."""
+    return open_fetched(fetch_shard(source), verify=verify, vocab_size=vocab_size)
 
 
 def fetch_shard(source: ShardSource) -> FetchedShard:
@@ -89,24 +90,26 @@ def fetch_or_error(source: ShardSource) -> FetchedShard | ShardError:
         return exc
 
 
-def open_or_error(fetched: FetchedShard | ShardError, *, verify: bool = True) -> LoadedShard | ShardError:
+def open_or_error(fetched: FetchedShard | ShardError, *, verify: bool = True,
+                  vocab_size: int | None = None) -> LoadedShard | ShardError:
     """open_fetched of what fetch_or_error gave, a ShardError returned instead of raised."""
     if isinstance(fetched, ShardError):
         return fetched
     try:
-        return open_fetched(fetched, verify=verify)
+        return open_fetched(fetched, verify=verify, vocab_size=vocab_size)
     except ShardError as exc:
         return exc
 
 
-def open_fetched(fetched: FetchedShard, *, verify: bool = True) -> LoadedShard:
-    """load_shard's checks on fetched bytes: ShardError unless they are a whole rollout shard."""
+def open_fetched(fetched: FetchedShard, *, verify: bool = True, vocab_size: int | None = None) -> LoadedShard:
+    """load_shard's checks on fetched bytes: ShardError unless they are a whole rollout shard whose rows keep the
+    row contract."""
     source, data = fetched.source, fetched.data
     if verify and source.sha256 is not None and fetched.sha256 != source.sha256:
         fix = "push its run again from a good copy (`hubgym push-rollouts RUN_DIR REPO`)" if source.remote else FIX
         raise ShardError(f"shard {source.name} is corrupted: its sha256 is {fetched.sha256}, but {source.sha256} was "
                          f"recorded when it was written or pushed; {fix}", shard=source.name)
-    ids: set[str] = set()
+    check = ShardCheck(source.name, vocab_size=vocab_size, run_ids=source.run_ids)
     try:
         reader = pa.ipc.open_file(pa.BufferReader(data) if isinstance(data, bytes) else data)
         check_schema(reader.schema, source.name)
@@ -114,15 +117,17 @@ def open_fetched(fetched: FetchedShard, *, verify: bool = True) -> LoadedShard:
         for i in range(reader.num_record_batches):
             batch = reader.get_batch(i)
             if verify:
-                check_batch(batch, source.name, rows, ids)
+                check.batch(batch, rows)
             rows += batch.num_rows
+        if verify:
+            check.finish()
     except (pa.ArrowException, OSError) as exc:  # any Arrow error: a flipped byte can reach any of them
         raise ShardError(f"shard {source.name} is truncated or corrupted ({_first_line(exc)}); {FIX}",
                          shard=source.name) from None
     if verify and source.rows is not None and rows != source.rows:
         raise ShardError(f"shard {source.name} holds {rows} rows, but {source.rows} were recorded; {FIX}",
                          shard=source.name)
-    return LoadedShard(source, reader, rows, ids)
+    return LoadedShard(source, reader, rows, check.ids)
 
 
 def decode_info(text: str, shard: str | None, rollout_id: str | None) -> Any:
@@ -169,6 +174,29 @@ def _fetch(source: ShardSource) -> bytes | pa.MemoryMappedFile:
         # the network, or the hub refusing: not the shard's fault (the message never shows the options)
         raise HubConnectionError(f"cannot read shard {source.name} from {source.location.split('@')[0]}: "
                                  f"{_first_line(exc)}. Check the network and the token, then read again") from None
+
+
+def shard_rows(source: ShardSource) -> int | None:
+    """The rows a shard holds as far as is known without reading it: recorded, or a local file's footer."""
+    return source.rows if source.rows is not None or source.remote else footer_rows(source.location)
+
+
+def skipped_warning(bad: list[tuple[str, int | None, ShardError | str]], read: int) -> SkippedShardsWarning:
+    """The note of a `skip_bad` read: how many shards (of how many) and rows it left out, each shard with what broke
+    (column, row and rule where one row did), so a read that goes on is never silent about what it dropped."""
+    known = [rows for _, rows, _ in bad if rows is not None]
+    rows = f"{sum(known)} row(s)" + ("" if len(known) == len(bad) else " and shards whose rows are not recorded")
+    shown = [f"{name} ({_why(error)})" for name, _, error in bad[:10]]
+    more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
+    return SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {read} in this read), holding {rows}: "
+                                f"{'; '.join(shown)}{more}")
+
+
+def _why(error: ShardError | str) -> str:
+    if isinstance(error, ShardError) and error.rule is not None:
+        return f"column {error.column!r}, row {error.row}: rule {error.rule}"
+    text = str(error).split("; ", 1)[0]
+    return text[:160] + ("..." if len(text) > 160 else "")
 
 
 def footer_rows(path: str) -> int | None:

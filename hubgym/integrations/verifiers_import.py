@@ -314,7 +314,7 @@ def _rewards(trace: dict, where: str) -> tuple[float | None, list[dict], dict | 
         return None, metrics, {"boundary": "verifier", "type": str(e.get("type")), "message": str(e.get("message"))}
     if not trace.get("ok", True) or errors:
         e = errors[0] if errors else {}
-        return None, metrics, {"boundary": "rollout", "type": str(e.get("type", "Error")),
+        return None, metrics, {"boundary": "env", "type": str(e.get("type", "Error")),
                                "message": str(e.get("message", "the episode did not complete"))[:2000]}
     return total, metrics, None
 

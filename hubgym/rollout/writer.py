@@ -16,6 +16,10 @@ filled (the *open* shard) is then written with the rows it has so far, and writt
 name, each time more rows are due, until it is full and the next one opens. So a kill loses at most a few
 seconds of sampling, and a run that is not killed ends with the same shards as one flushed by size alone.
 
+Every shard is held to the row contract (hubgym.schemas.row_contract) before it is written: a row that readers
+would refuse (a negative token id, a NaN logprob, two tasks in one group) is a RowContractError naming it, and
+nothing is written.
+
 A writer holds its part of the run folder for its lifetime (`RunLock`: an OS lock, dropped when the
 process ends in any way) and, given a `run_id`, refuses a folder that holds another run (`claim_run`).
 """
@@ -31,8 +35,10 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
+from hubgym.errors import RowContractError
 from hubgym.files import atomic_write_bytes, sha256_file
 from hubgym.rollout.runlock import RunLock, claim_run
+from hubgym.schemas.row_contract import GROUP_COLUMNS, Breach, first_breach, group_breach
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
 
 FLUSH_EVERY_S = 5.0  # a finished group waits at most this long before it is on disk
@@ -191,9 +197,11 @@ class ShardWriter:
         """Write a taken shard (one call at a time, in the order taken); it replaces an earlier write of it."""
         if shard is None:
             return None
+        table = _to_table(shard.rows)
+        check_rows(table, shard.path.name)
         sink = pa.BufferOutputStream()
         with pa.ipc.new_file(sink, ROLLOUT_SCHEMA) as writer:
-            writer.write_table(_to_table(shard.rows))
+            writer.write_table(table)
         data = sink.getvalue().to_pybytes()
         atomic_write_bytes(shard.path, data)
         self._files[shard.path.name] = {"rows": len(shard.rows), "sha256": hashlib.sha256(data).hexdigest()}
@@ -203,6 +211,28 @@ class ShardWriter:
         path = self.run_dir / f"manifest-{self.worker}.json"
         atomic_write_bytes(path, json.dumps(manifest, indent=2, sort_keys=True, default=str).encode())
         return path
+
+
+def check_rows(table: pa.Table, shard: str) -> None:
+    """RowContractError naming the first row of `table` (about to be written as `shard`) that breaks the row
+    contract, or nothing: the writer stores only what every reader takes."""
+    first = 0
+    for batch in table.to_batches():
+        breach = first_breach(batch)
+        if breach is not None:
+            raise _contract_error(table, shard, first + breach.row, breach)
+        first += batch.num_rows
+    breach = group_breach(table.select(list(GROUP_COLUMNS)))
+    if breach is not None:
+        raise _contract_error(table, shard, breach.row, breach)
+
+
+def _contract_error(table: pa.Table, shard: str, row: int, breach: Breach) -> RowContractError:
+    rollout = table.column("rollout_id")[row].as_py()
+    return RowContractError(f"row {row} of shard {shard} (rollout {rollout!r}): column {breach.column!r} "
+                            f"{breach.message()}; every reader refuses such a row, so it is not written: fix the "
+                            f"code that made it", column=breach.column, row=row, rule=breach.rule.name,
+                            rollout_id=rollout)
 
 
 def _to_table(rows: list[Rollout]) -> pa.Table:

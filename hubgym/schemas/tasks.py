@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import json
+import re
 from typing import Any, Literal, TypedDict
 
 import datasets
@@ -18,6 +19,10 @@ from hubgym.errors import EnvContractError, Where
 from hubgym.schemas.messages import MESSAGE_FEATURES, Message, normalize
 
 Kind = Literal["single_turn", "tool_use", "multi_turn"]
+ENV_NAME_RULE = "1-64 ASCII letters, digits and '_', starting with a letter"
+ENV_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+"""An env name (a builder's ENV, a row's `env`): also a Python identifier, since it names an env folder, a verifier
+module and a class (hubgym.envs.refs parses references with it; the row contract holds stored rows to it)."""
 KINDS: tuple[str, ...] = ("single_turn", "tool_use", "multi_turn")
 
 

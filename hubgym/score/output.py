@@ -61,12 +61,15 @@ class RescoreOutput:
         """The output shards, under the names `finish` gives them."""
         return [self.shard_dir / name for name in self.files]
 
-    def finish(self, run_id: str, rescore: dict[str, Any], envs: dict[str, dict]) -> Path:
+    def finish(self, run_id: str, rescore: dict[str, Any], envs: dict[str, dict],
+               run_ids: list[str] | None = None) -> Path:
         """Replace the previous re-score with this one: the manifest first, then the shards' names (a kill in
-        between leaves a manifest naming shards that are missing or not its own, which readers refuse)."""
+        between leaves a manifest naming shards that are missing or not its own, which readers refuse). `run_ids`:
+        the runs whose rows it re-scored (its rows keep their run ids; readers hold them to this list)."""
         stale = [p for p in _previous(self.dir) if p.name not in self.files and p.name != MANIFEST]
         manifest = {
             "schema_version": SCHEMA_VERSION, "run_id": run_id, "worker": WORKER, "kind": "rescore",
+            **({"run_ids": run_ids} if run_ids is not None else {}),
             "rescore": rescore, "envs": envs, "rows": sum(f["rows"] for f in self.files.values()),
             "shards": list(self.files), "shard_files": self.files,
             "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),

@@ -33,9 +33,9 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from hubgym.errors import NoShardsError, ShardError, SkippedShardsWarning
+from hubgym.errors import NoShardsError, ShardError
 from hubgym.hub.shard_checks import SeenRollouts
-from hubgym.hub.shards import LoadedShard, ShardSource, fetch_or_error, open_or_error
+from hubgym.hub.shards import LoadedShard, ShardSource, fetch_or_error, open_or_error, shard_rows, skipped_warning
 from hubgym.score.choice import PinArg, RevisionArg, VerifierArg, VerifierChoice, VerifierSpec
 from hubgym.score.diff import Tally, plot_diff
 from hubgym.score.output import RescoreOutput
@@ -91,7 +91,7 @@ def rescore(source: Source, *, verifier: VerifierArg = None, env_revision: Revis
         result.seconds = time.perf_counter() - started
         if output:
             result.manifest = output.finish(_run_id(run_ids), _record(result, stored.names, verifier, env_revision),
-                                            _envs(result.verifiers))
+                                            _envs(result.verifiers), run_ids=sorted(run_ids))
     finally:
         if output:
             output.close()  # a failed or stopped re-score leaves no output shard behind
@@ -127,7 +127,7 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
     specs: dict[str, VerifierSpec] = {}
     target = (lambda index: output.path(index)) if output else (lambda index: None)
     pending: deque[tuple[list[int], Future]] = deque()
-    bad: list[str] = []
+    bad: list[tuple[str, int | None, str]] = []  # (shard, rows, what broke)
     seen = SeenRollouts()  # a rollout id two shards hold: the second is a bad shard
 
     def finished(indices: list[int], future: Future) -> Iterator[ShardResult]:
@@ -141,7 +141,7 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
             if part.error is not None:
                 if not skip_bad:
                     raise ShardError(part.error, shard=part.shard)
-                bad.append(part.shard)
+                bad.append((part.shard, shard_rows(shards[index]), part.error))
                 continue
             if output and part.output:
                 output.record(part.output)
@@ -164,8 +164,7 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
     finally:
         ahead.close()
     if bad:
-        warnings.warn(SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {len(shards)} in this read): "
-                                           f"{', '.join(bad)}"), stacklevel=3)
+        warnings.warn(skipped_warning(bad, len(shards)), stacklevel=3)
         if len(bad) == len(shards):
             raise NoShardsError(f"every one of the {len(shards)} shard(s) read is bad (named in the note above); "
                                 f"re-run the rollout that wrote them, or read another source")

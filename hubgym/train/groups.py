@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from hubgym.schemas.row_contract import row_breach
 from hubgym.train.config import ConfigError
 
 ADVANTAGES = ("grpo", "dr_grpo")
@@ -76,8 +77,13 @@ class Group:
 def bad_field(row: dict[str, Any], objective: str = "grpo") -> str | None:
     """The field that makes a row untrainable, or None. Under `sft` a row without behaviour logprobs trains.
 
-    Order matters only for the message: a failed row is reported as `error` even if its reward is null.
+    Order matters only for the message: a row that breaks the row contract (hubgym.schemas.row_contract: no
+    hubgym writer writes it; shard readers refuse it) is reported by the rule's column first, then a failed row as
+    `error` even if its reward is null.
     """
+    breach = row_breach(row)
+    if breach is not None:
+        return breach.column
     n = len(row.get("completion_ids") or [])
     if row.get("error") is not None:
         return "error"

@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from hubgym.errors import BadRowError
 from hubgym.train.config import ConfigError
+from hubgym.schemas.row_contract import group_mismatch, row_breach
 from hubgym.train.groups import Group, GroupSettings, bad_field, make_group
 
 log = logging.getLogger("hubgym.train")
@@ -155,6 +156,12 @@ class GroupStream:
         if row.get("sample") is not None and any(e[2].get("sample") == row["sample"] for e in entries):
             self._bad(row, "sample", f"sample {row['sample']} of group {key!r} was already read (the same run "
                                      f"listed twice, or duplicated rows?); list each run once")
+            return
+        other = group_mismatch(entries[0][2], row) if entries else None
+        if other is not None:  # a group is the samples of one task of one run (the row contract's group rule)
+            self._bad(row, other.column, f"group {key!r} already holds {other.column} "
+                                         f"{entries[0][2].get(other.column)!r}, this row {row.get(other.column)!r}: "
+                                         f"breaks rule {other.name}; rows of two tasks never share a group key")
             return
         self._known.add(env)
         entries.append(entry)
@@ -280,6 +287,9 @@ def _read_back(source: Iterator[dict], index: int, target: int, wanted: set[int]
 
 def _why(row: dict[str, Any], field: str) -> str:
     """Why a row's field makes it untrainable, and what to do."""
+    breach = row_breach(row)
+    if breach is not None and breach.column == field:
+        return f"{breach.message()}; no hubgym writer writes such a row: fix or leave out the source that made it"
     n = len(row.get("completion_ids") or [])
     if field == "error":
         e = row["error"] or {}

@@ -8,7 +8,9 @@ import datetime as dt
 def row(env: str, group: int, sample: int, reward: float | None, *, n_prompt=3, n_completion=4, **overrides) -> dict:
     base = {
         "rollout_id": f"{env}-{group}-{sample}", "run_id": "r", "task_id": f"t{group}", "env": env,
-        "group": f"{env}-g{group}", "sample": sample, "prompt": [], "completion": [], "info": {"k": group},
+        "group": f"{env}-g{group}", "sample": sample, "prompt": [], "info": {"k": group},
+        "completion": [{"role": "assistant", "content": "x", "tool_calls": None, "tool_call_id": None, "name": None,
+                        "reasoning": None}] if n_completion else [],
         "interaction": {"kind": "single_turn", "max_turns": 1, "tools": [], "tool_rewards": [], "max_tokens": None},
         "prompt_ids": list(range(1, n_prompt + 1)), "completion_ids": [7] * n_completion,
         "completion_mask": [1] * n_completion, "completion_logprobs": [-1.0] * n_completion,
