@@ -83,7 +83,7 @@ def test_push_lays_out_a_hub_repo_with_card_verifier_and_manifest(pushed):
                      "data/easy/train-00000-of-00001.parquet", "golden.jsonl", "hubgym.json", "verifier.py"]
     manifest = json.loads((snapshot.path / "hubgym.json").read_text())
     verifier = load_verifier("hubgym.verifiers.arithmetic")
-    assert manifest["env"] == "arithmetic" and manifest["env_version"] == 1 and manifest["schema_version"] == "1.0"
+    assert manifest["env"] == "arithmetic" and manifest["env_version"] == 2 and manifest["schema_version"] == "1.0"
     assert manifest["verifier"]["path"] == "verifier.py" and manifest["verifier"]["sha256"] == verifier.sha256
     assert (snapshot.path / "verifier.py").read_bytes() == verifier.source_path.read_bytes()
     assert manifest["interaction"]["kind"] == "single_turn" and manifest["tools"] == []
@@ -95,7 +95,7 @@ def test_push_lays_out_a_hub_repo_with_card_verifier_and_manifest(pushed):
     assert manifest["code"] == {"files": {"verifier.py": verifier.sha256},
                                 "sha256": code_sha256({"verifier.py": verifier.sha256})}
     assert "| `correct` | 1.0 |" in card and f"pin=\"sha256:{manifest['code']['sha256']}\"" in card
-    assert [r.message for r in hub.revisions("org/arith")] == ["Push arithmetic-v1 (easy)", "initial commit"]
+    assert [r.message for r in hub.revisions("org/arith")] == ["Push arithmetic-v2 (easy)", "initial commit"]
 
 
 def test_snapshot_loads_with_plain_load_dataset_by_config_and_split(pushed):

@@ -37,8 +37,8 @@ def _env_folder(tmp_path, range_expr="range(size)"):
 
 def test_builtin_by_name_and_version():
     assert resolve_env("arithmetic") is Arithmetic
-    assert resolve_env("arithmetic-v1") is Arithmetic
-    with pytest.raises(EnvNotFoundError, match="is at version 1, not 7; use 'arithmetic-v1'"):
+    assert resolve_env("arithmetic-v2") is Arithmetic
+    with pytest.raises(EnvNotFoundError, match="is at version 2, not 7; use 'arithmetic-v2'"):
         resolve_env("arithmetic-v7")
 
 

@@ -92,7 +92,7 @@ def test_a_stored_env_value_that_is_not_registered_loads_no_code(evil):
         assert repr(value)[:200] in message and "--verifier" in message and "--env-revision" in message, value
     assert not marker.exists()
     assert stored_env_verifier("arithmetic").env == "arithmetic"
-    assert stored_env_verifier("arithmetic-v1").env == "arithmetic"
+    assert stored_env_verifier("arithmetic-v2").env == "arithmetic"
 
 
 @pytest.mark.slow

@@ -5,8 +5,10 @@ Task:
 Row schema:
     info = {"expression": str, "answer": str}; interaction single_turn, max_turns 1.
 Reward:
-    correct (weight 1): the extracted answer equals the value. format (weight 0, a metric):
-    the reply has an <answer> tag.
+    correct (weight 1): the answer, read as the prompt asks for it, equals the value: the <answer> tag
+    where the prompt asks for it; the number alone, or one final "... = N", where it asks for just the
+    number (`sums`); else the tag, \\boxed{} or the last number. format (weight 0, a metric): the reply
+    has an <answer> tag.
 Arguments:
     configs easy (1-digit, + -), medium (2-digit, + - *), hard (3 operands up to 3 digits),
     tiny (the 25 sums of 0..4, for training demos with a tiny model),
@@ -16,6 +18,9 @@ Arguments:
     TaskConfig.seed and TaskConfig.sizes.
 Version history:
     v1: first release; the `sums` config added later (the other configs' rows are unchanged).
+    v2: a `sums` reply earns the reward only when it states the answer (the number alone, or one final
+        "... = N"); v1 took the last number of any reply, so a rambling reply that ended on the right
+        number scored. Rows and the other configs' rewards are unchanged.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ class ArithmeticConfig(TaskConfig):
 class Arithmetic(TaskBuilder):
     __doc__ = __doc__
     ENV = "arithmetic"
+    ENV_VERSION = 2
     TAGS = ("math", "arithmetic", "procedural")
     VERIFIER = "hubgym.verifiers.arithmetic"
     GOLDEN = "golden/arithmetic.jsonl"
