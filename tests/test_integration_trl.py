@@ -9,8 +9,9 @@ import os
 import pytest
 
 from hubgym.envs import resolve_env
-from hubgym.integrations.trl import TASK_COLUMN, from_trl_completion, trl_env
+from hubgym.integrations.trl import ACT_NOTE, TASK_COLUMN, from_trl_completion, played_through_act, trl_env
 from hubgym.schemas.messages import assistant
+from hubgym.verifiers.act import EPISODE_OVER, NO_TURNS_LEFT, NOT_TEXT, env_view
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 GUESS = "slate"  # the move the tiny model is steered to make
@@ -59,20 +60,35 @@ def test_multi_turn_golden_games_through_act_earn_their_golden_reward():
     assert "act" in dict(vars(factory)) and [n for n, _ in env.components][-1] == "steps"
     cases = resolve_env("wordle").golden_cases()
     row = dict(env.train_dataset[0])
+    assert ACT_NOTE in row["prompt"][-1]["content"]  # the prompt says a move is a call of act
     for case in cases:
         task = {**json.loads(row[TASK_COLUMN]), "info": case.task["info"], "interaction": {
             **json.loads(row[TASK_COLUMN])["interaction"], **case.task["interaction"]}}
         instance = factory()
-        observation = instance.reset(prompt=row["prompt"], **{TASK_COLUMN: json.dumps(task)})
-        expected = env.verifier.reset(task)[1]
-        assert observation == (f"\n\n{expected}" if expected else None)
+        assert instance.reset(prompt=row["prompt"], **{TASK_COLUMN: json.dumps(task)}) is None
+        completion = []  # what TRL's tool loop leaves: each act call and its result
         for action in case.actions:
-            instance.act(action=action)
-        out = call_rewards(env, [[{"role": "assistant", "content": "done"}]],
-                           [{**row, TASK_COLUMN: json.dumps(task)}], [instance])
+            result = instance.act(action=action)
+            completion += [{"role": "assistant", "content": "", "tool_calls": [
+                {"type": "function", "function": {"name": "act", "arguments": {"action": action}}}]},
+                           {"role": "tool", "name": "act", "content": result}]
+        completion.append({"role": "assistant", "content": "<guess>words outside act are no move</guess>"})
+        out = call_rewards(env, [completion], [{**row, TASK_COLUMN: json.dumps(task)}], [instance])
         assert total(env, out, 0) == pytest.approx(case.reward), case.name
-    assert instance.act(action="<guess>crane</guess>") in ("The episode is over; stop calling act.",
-                                                           "No turns are left; the episode is over.")
+        stepped = env_view(env.verifier, played_through_act(task), from_trl_completion(completion))
+        assert stepped == instance.trajectory  # the env's own record and the completion read the same episode
+    assert instance.act(action="<guess>crane</guess>") in (EPISODE_OVER, NO_TURNS_LEFT)
+    assert instance.act(action=5) == NOT_TEXT
+
+
+def test_a_multi_turn_env_with_a_reset_observation_opens_with_it_as_a_user_turn():
+    env = trl_env("tictactoe", split="test", limit=1)
+    task = env.tasks[0]
+    _, observation = env.verifier.reset(task)
+    prompt = env.train_dataset[0]["prompt"]
+    assert observation and prompt[-1] == {"role": "user", "content": observation}
+    assert prompt[-2]["content"].endswith(ACT_NOTE)
+    assert repr(env).startswith("TRLEnv(tictactoe:") and len(repr(env)) < 200
 
 
 def test_tool_use_tools_are_methods_that_run_hubgym_tools_and_shape_the_reward():

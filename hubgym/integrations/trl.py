@@ -20,12 +20,16 @@ What TRL gets, built against exactly what 1.16's `GRPOTrainer.__init__` takes:
   verifier that raises gives None from every function, which TRL treats as unscorable (no advantage), never as
   a reward; the error is kept on the environment for inspection.
 - `environment_factory` for tool_use and multi_turn envs (TRL's environment interface is tool calls): each
-  instance is one rollout; `reset(**row)` starts it from `hubgym_task` (a multi_turn env's `reset` observation is
-  returned, and TRL appends it to the prompt); the env's tools are its methods, each call going through hubgym's
-  `Toolbox` (argument validation, timeouts, `Error: ...` results); a multi_turn env adds `act(action)`, which
-  gives the action to the verifier's `step` and returns the observation. The trajectory the verifier scores is
-  what the environment saw, in hubgym's form: for multi_turn, each `act` as an assistant turn and its observation
-  as a user turn (text the model writes outside `act` is not an env action in TRL).
+  instance is one rollout; `reset(**row)` starts it from `hubgym_task`; the env's tools are its methods, each call
+  going through hubgym's `Toolbox` (argument validation, timeouts, `Error: ...` results); a multi_turn env adds
+  `act(action)`, which gives the action to the verifier's `step` and returns the observation (the rules of
+  `hubgym.verifiers.act`). A multi_turn prompt says how that game is played (a move is a call of `act`; text
+  outside it is none), and the `reset` observation follows it as a user turn, as in hubgym's own loop.
+- Scores come from TRL's completions alone: a multi_turn one is read as the episode its env saw
+  (`hubgym.verifiers.act.env_view`), so a stored completion re-scores to the reward TRL trained on.
+
+`TRLEnv.record(trainer, "runs/x")` stores every generation batch TRL makes as a hubgym run
+(hubgym.integrations.trl_record).
 """
 
 from __future__ import annotations
@@ -33,15 +37,19 @@ from __future__ import annotations
 import inspect
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from hubgym.schemas.messages import Message, assistant, message, tool_call, tool_result, user
 from hubgym.schemas.tasks import Task
+from hubgym.verifiers.act import ACT_TOOL, ActEpisode
 from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
 
 TASK_COLUMN = "hubgym_task"
-ACT_TOOL = "act"
 INSTALL = "pip install 'hubgym[trl]'"
+ACT_NOTE = (f"Make each move by calling the tool `{ACT_TOOL}` with the move as `action`, written as asked above; "
+            f"what you write outside `{ACT_TOOL}` is not a move.")
+"""Appended to a multi_turn task's prompt under TRL: there a move is a call of `act`, not a reply's text."""
 
 
 @dataclass
@@ -52,10 +60,17 @@ class TRLEnv:
     config: str
     verifier: Verifier
     tasks: list[Task]
+    split: str = "train"
+    provenance: dict[str, Any] = field(default_factory=dict)  # OpenedEnv.provenance(): verifier, repo, revision
     scorer: "BatchScorer" = field(init=False)
 
     def __post_init__(self) -> None:
         self.scorer = BatchScorer(self.verifier)
+
+    def __repr__(self) -> str:
+        """One line, not every task row: what a notebook or a log shows."""
+        return (f"TRLEnv({self.env}:{self.config}, split={self.split!r}, {len(self.tasks)} tasks, {self.kind}, "
+                f"rewards={[name for name, _ in self.components]})")
 
     @property
     def kind(self) -> str:
@@ -69,7 +84,7 @@ class TRLEnv:
         import datasets
 
         return datasets.Dataset.from_dict({
-            "prompt": [[trl_message(m) for m in t["prompt"]] for t in self.tasks],
+            "prompt": [[trl_message(m) for m in trl_prompt(t, self.verifier)] for t in self.tasks],
             TASK_COLUMN: [json.dumps(t, default=str) for t in self.tasks],
         })
 
@@ -107,6 +122,14 @@ class TRLEnv:
             kwargs["environment_factory"] = self.environment_factory
         return kwargs
 
+    def record(self, trainer: Any, out: str | Path, *, run_id: str | None = None) -> Any:
+        """Store every generation batch `trainer` (a GRPOTrainer built from `trainer_kwargs()`) makes as a hubgym
+        run in `out`: token ids as TRL generated them, the mask, sampling logprobs, rewards and provenance
+        (hubgym.integrations.trl_record). Returns the recorder; the run is complete when training ends."""
+        from hubgym.integrations.trl_record import TRLRecorder
+
+        return TRLRecorder.attach(trainer, self, out, run_id=run_id)
+
 
 def trl_env(spec: str, split: str = "train", limit: int | None = None, *, hub: str | None = None,
             trust: bool = False, pins: dict[str, str] | None = None) -> TRLEnv:
@@ -115,7 +138,32 @@ def trl_env(spec: str, split: str = "train", limit: int | None = None, *, hub: s
     from hubgym.envs import open_env
 
     loaded = open_env(spec, hub=hub, trust=trust, pins=pins)
-    return TRLEnv(loaded.env, loaded.config, loaded.verifier, loaded.take(split, limit))
+    return TRLEnv(loaded.env, loaded.config, loaded.verifier, loaded.take(split, limit), split, loaded.provenance())
+
+
+def trl_prompt(task: Task, verifier: Verifier) -> list[Message]:
+    """The prompt TRL gets for a task: the task's own; a multi_turn one says how a move is made under TRL
+    (`ACT_NOTE`, after its last user message) and ends with the env's `reset` observation as a user turn, as hubgym's
+    own loop sends it (the verifier is pure: the same task always opens with the same observation)."""
+    prompt = list(task["prompt"])
+    if task["interaction"]["kind"] != "multi_turn" or not verifier.multi_turn:
+        return prompt
+    last = max((i for i, m in enumerate(prompt) if m["role"] == "user"), default=None)
+    if last is None:
+        prompt.append(user(ACT_NOTE))
+    else:
+        prompt[last] = {**prompt[last], "content": f"{prompt[last]['content'] or ''}\n\n{ACT_NOTE}"}
+    _, observation = verifier.reset(task)
+    return prompt + [user(observation)] if observation else prompt
+
+
+def played_through_act(task: Task) -> Task:
+    """The task as TRL plays it: a multi_turn task offers `act` besides its own tools (what scoring, replay and the
+    stored rows read; hubgym.verifiers.act)."""
+    spec = task["interaction"]
+    if spec["kind"] != "multi_turn" or ACT_TOOL in spec["tools"]:
+        return task
+    return {**task, "interaction": {**spec, "tools": [*spec["tools"], ACT_TOOL]}}
 
 
 # -- messages between TRL's form and hubgym's -----------------------------------------------------------------------
@@ -171,21 +219,19 @@ class BatchScorer:
         self._batch: tuple[Any, list[Score]] | None = None
 
     def scores(self, completions: list, tasks: list[str], environments: list | None) -> list[Score]:
+        """The Score of each completion of TRL's batch (computed once per batch: see the class docstring)."""
         if self._batch is not None and self._batch[0] is completions:
             return self._batch[1]
         envs = list(environments) if environments else [None] * len(completions)
-        trajectories = [self.trajectory(completion, env) for completion, env in zip(completions, envs, strict=True)]
-        # one call for TRL's whole batch: a verifier's BATCH_REWARDS get it as one batch, as in hubgym's own loop
-        scores = self.verifier.score_batch([json.loads(task_json) for task_json in tasks], trajectories)
+        rows = [played_through_act(json.loads(task_json)) for task_json in tasks]
+        # one call for TRL's whole batch: a verifier's BATCH_REWARDS get it as one batch, as in hubgym's own loop;
+        # a multi_turn completion is read as the episode its env saw (hubgym.verifiers.act.env_view)
+        scores = self.verifier.score_batch(rows, [from_trl_completion(c) for c in completions])
         for env, score in zip(envs, scores, strict=True):
-            if env is not None:
+            if isinstance(env, HubgymTRLEnv):
                 env.last_score = score
         self._batch = (completions, scores)
         return scores
-
-    def trajectory(self, completion: Any, env: "HubgymTRLEnv | None") -> list[Message]:
-        """multi_turn: the actions the env was given through `act`; otherwise TRL's own completion (its answer)."""
-        return env.trajectory if env is not None and self.verifier.multi_turn else from_trl_completion(completion)
 
     def component_fn(self, name: str) -> Callable[..., list[float | None]]:
         def reward(prompts: list, completions: list, hubgym_task: list[str], environments: list | None = None,
@@ -210,41 +256,53 @@ class HubgymTRLEnv:
 
     def __init__(self) -> None:
         self.task: Task | None = None
-        self.trajectory: list[Message] = []  # what the env saw, in hubgym's form (scored for multi_turn)
-        self.state: Any = None
-        self.done = False
-        self.actions = 0
+        self.trajectory: list[Message] = []  # what the env saw, in hubgym's form (env_view of TRL's completion)
+        self.episode: ActEpisode | None = None  # multi_turn: the episode behind `act`
+        self.error: dict[str, str] | None = None  # an env step that raised (the rollout's error, as in hubgym's loop)
         self.last_score: Score | None = None
         self._toolbox = None
 
-    def reset(self, **row: Any) -> str | None:
-        """Start a rollout of the row's task; returns the multi_turn reset observation for TRL to append."""
+    def __repr__(self) -> str:
+        task = self.task["id"] if self.task else None
+        return f"{type(self).__name__}(task={task!r}, steps={len(self.step_rewards)}, done={self.done})"
+
+    @property
+    def done(self) -> bool:
+        return self.episode is not None and self.episode.done
+
+    @property
+    def step_rewards(self) -> list[float]:
+        """The reward of each env step `act` took (stored as `step/<i>/reward`, what a replay checks)."""
+        return list(self.episode.rewards) if self.episode is not None else []
+
+    def reset(self, **row: Any) -> None:
+        """Start a rollout of the row's task. Returns None: a multi_turn `reset` observation is already the last
+        turn of the prompt TRL got (`trl_prompt`)."""
         from hubgym.tools.registry import make_toolbox
 
         self.task = json.loads(row[TASK_COLUMN])
-        self.trajectory, self.done, self.actions, self.last_score = [], False, 0, None
+        self.trajectory, self.error, self.last_score = [], None, None
         tools = self.task["interaction"]["tools"]
         self._toolbox = make_toolbox(tools, self.task, self.VERIFIER.tools) if tools else None
-        if not self.VERIFIER.multi_turn:
-            return None
-        self.state, observation = self.VERIFIER.reset(self.task)
-        return f"\n\n{observation}" if observation else None
+        self.episode = ActEpisode(self.VERIFIER, self.task) if self.VERIFIER.multi_turn else None
+        return None
 
-    def _act(self, action: str) -> str:
-        if self.task is None:
+    def _act(self, action: Any) -> str:
+        if self.episode is None or self.task is None:
             raise RuntimeError("act called before reset")
-        if self.done:
-            return "The episode is over; stop calling act."
-        if self.actions >= self.task["interaction"]["max_turns"]:
-            self.done = True
-            return "No turns are left; the episode is over."
-        self.state, observation, reward, done = self.VERIFIER.step(self.task, self.state, action)
-        self.actions += 1
-        self.done = bool(done)
-        self.trajectory.append(assistant(action))
-        if observation:
-            self.trajectory.append(user(observation))
-        return observation or ("The episode is over." if self.done else "")
+        if self.error is not None:
+            return f"Error: the environment failed ({self.error['type']}); the episode is over."
+        try:
+            outcome = self.episode.act(action)
+        except Exception as exc:  # the env failed: recorded, the episode stops (a bad rollout is data)
+            self.error = {"boundary": "env", "type": type(exc).__name__, "message": str(exc)[:2000]}
+            self.episode.done = True
+            return f"Error: the environment failed ({type(exc).__name__}); the episode is over."
+        if outcome.reward is not None:
+            self.trajectory.append(assistant(action))
+            if outcome.observation:
+                self.trajectory.append(user(outcome.observation))
+        return outcome.result
 
     def _call_tool(self, name: str, arguments: dict[str, Any]) -> str:
         if self._toolbox is None:
@@ -329,8 +387,8 @@ def _class_name(env: str) -> str:
 def tool_parsing_tokenizer(tokenizer: Any) -> Any:
     """The tokenizer, able to parse tool calls in TRL: TRL knows response formats only for chat templates it ships;
     a template that writes Hermes `<tool_call>{json}</tool_call>` blocks (hubgym's tiny model, Qwen-style models)
-    gets TRL's Qwen response template, which parses that format. Templates TRL knows, or tokenizers that already
-    have a response template, are returned as they are."""
+    gets TRL's Qwen response template, which parses that format. Templates TRL knows, tokenizers that already have
+    a response template, and templates that write no tool calls at all are returned as they are."""
     try:
         from trl.chat_template_utils import add_response_schema, qwen3_template
     except ImportError as exc:
@@ -339,8 +397,10 @@ def tool_parsing_tokenizer(tokenizer: Any) -> Any:
         return tokenizer
     try:
         return add_response_schema(tokenizer)
-    except ValueError:
-        if "<tool_call>" not in (tokenizer.chat_template or ""):
-            raise
-    tokenizer.response_template = qwen3_template
+    except ValueError:  # a template TRL does not know
+        pass
+    if "<tool_call>" in (tokenizer.chat_template or ""):
+        tokenizer.response_template = qwen3_template
+    # Else a template that writes no tool calls (SmolLM2's ChatML): single_turn envs need no parser, and TRL itself
+    # refuses tool_use and multi_turn envs with it, saying the template does not support tool calling.
     return tokenizer

@@ -257,6 +257,20 @@ def recorded_chat_options(row: dict[str, Any]) -> dict[str, Any] | None:
     return recorded_options({k: sampling.get(k) for k in CHAT_OPTIONS})
 
 
+def recorded_tools(row: dict[str, Any]) -> list[dict] | None:
+    """The tool schemas a row's prompt was rendered with, as its run recorded them (`tools` in its provenance's
+    sampling JSON): a run that offered tools hubgym's registry does not make (TRL's, with the env's step as the tool
+    `act`) records them. None when the row records none."""
+    text = (row.get("provenance") or {}).get("sampling")
+    if not text or '"tools"' not in text:
+        return None
+    try:
+        tools = json.loads(text).get("tools")
+    except (ValueError, AttributeError):
+        return None
+    return tools if isinstance(tools, list) and all(isinstance(t, dict) for t in tools) and tools else None
+
+
 def recorded_options(options: dict[str, Any]) -> dict[str, Any]:
     """Chat options as runs record them: those at their defaults (hermes, no reasoning parser, no kwargs) left out."""
     return {k: v for k, v in options.items() if k in CHAT_OPTIONS and v not in (None, {}, HERMES)}
@@ -341,7 +355,8 @@ def audit_tokens(row: dict[str, Any], renderer: ChatRenderer, tools: list[dict] 
         return TokenAudit(len(ids), index, turn, part, _around(stored, at), _around(rendered, at))
     for turn, ((start, end), text, i) in enumerate(zip(runs, replies, turns), 1):
         message = row["completion"][i - len(row["prompt"])]
-        if not _loop_reading(text, tools if row["interaction"]["tools"] else None, message, renderer):
+        offered = tools if row["interaction"]["tools"] or recorded_tools(row) else None
+        if not _loop_reading(text, offered, message, renderer):
             shown = (message["content"] or "") + "".join(f"<tool_call>{_call_key(c)}" for c in
                                                          message.get("tool_calls") or [])
             at = _common_prefix(text, shown)
@@ -402,7 +417,11 @@ def _call_key(call: dict[str, Any]) -> str:
 
 
 def _tools(row: dict[str, Any], own: Any = None) -> list[dict] | None:
-    """The tool schemas the loop rendered into the prompt (`own`: the env's own tools, looked up first)."""
+    """The tool schemas the loop rendered into the prompt: those the run recorded, else made from the row's tool
+    names (`own`: the env's own tools, looked up first)."""
+    recorded = recorded_tools(row)
+    if recorded is not None:
+        return recorded
     if not row["interaction"]["tools"]:
         return None
     from hubgym.tools.modules import NO_TOOLS

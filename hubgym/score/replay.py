@@ -6,7 +6,8 @@
     audit_tokens(row, tokenizer).index                    # first stored token the chat template does not produce
 
 Dynamics: the verifier's pure `reset`/`step` run on the stored actions (the assistant turns that
-are not tool calls), exactly as the rollout loop stepped them. The reset observation, every
+are not tool calls; for a row played through the tool `act`, TRL's environment interface, each call
+of `act` under the tool's rules), exactly as the rollout loop stepped them. The reset observation, every
 observation, every per-step reward (`step/<i>/reward` metrics), where the episode ended and the
 turn count must come out the same; the first difference is reported with its turn (1 = after the
 first assistant turn, 0 = the reset) and field. Tool results are not re-run (re-scoring covers them).
@@ -31,6 +32,7 @@ from hubgym.errors import RolloutNotFoundError, VerifierLoadError, Where
 from hubgym.rollout.tokens import ChatRenderer, TokenAudit
 from hubgym.rollout.tokens import audit_tokens as audit_row
 from hubgym.score.choice import VerifierArg, VerifierChoice, load_verifier_of
+from hubgym.verifiers.act import ACT_TOOL, ActEpisode, act_action, driven_by_act
 from hubgym.verifiers.contract import CUT_FINISHES, Verifier, last_reply_cut, stored_step_rewards
 
 
@@ -115,6 +117,8 @@ def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence
     turns = [i for i, m in enumerate(completion) if m["role"] == "assistant"]
     if row["num_turns"] != len(turns):
         return Divergence(len(turns), "num_turns", row["num_turns"], len(turns)), 0
+    if driven_by_act(row["interaction"]):
+        return replay_act_dynamics(row, verifier)
     rewards = stored_step_rewards(row.get("metrics"))
     failed = row["error"] if (row.get("error") or {}).get("boundary") == "env" else None
     try:
@@ -150,6 +154,46 @@ def replay_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence
     if not done and not row["truncated"] and not stopped and row["finish_reason"] not in CUT_FINISHES:
         return Divergence(last, "done", True, False), len(actions)  # stored as finished; the env had not ended it
     return None, len(actions)
+
+
+def replay_act_dynamics(row: dict[str, Any], verifier: Verifier) -> tuple[Divergence | None, int]:
+    """A row played through the tool `act` (TRL's environment interface): each call that reached the tool is
+    called again under the tool's own rules (hubgym.verifiers.act.ActEpisode); its result must be the stored
+    tool result and a step's reward the stored one. The model may stop calling `act` before the env ends the
+    episode: that is how such an episode ends, no divergence."""
+    completion, rewards = row["completion"], stored_step_rewards(row.get("metrics")) or {}
+    failed = row["error"] if (row.get("error") or {}).get("boundary") == "env" else None
+    results = {m["tool_call_id"]: m for m in completion if m["role"] == "tool" and m.get("tool_call_id")}
+    try:
+        task, _, observation, stored = _reset(row, verifier)
+        episode = ActEpisode(verifier, task)
+    except Exception as exc:
+        return _raised(0, failed, exc), 0
+    if stored != (observation or None):
+        return Divergence(0, "observation", stored, observation), 0
+    turn = 0
+    for m in completion:
+        turn += m["role"] == "assistant"
+        for call in (m.get("tool_calls") or []) if m["role"] == "assistant" else []:
+            reaches, action = act_action(call["arguments"])
+            if call["name"] != ACT_TOOL or call["id"] not in results or not reaches:
+                continue
+            try:
+                outcome = episode.act(action)
+            except Exception as exc:
+                return _raised(turn, failed, exc), len(episode.rewards)
+            if results[call["id"]]["content"] != outcome.result:
+                return Divergence(turn, "observation", results[call["id"]]["content"], outcome.result), \
+                    len(episode.rewards)
+            step = len(episode.rewards) - 1
+            if outcome.reward is not None and not _same(rewards.get(step), outcome.reward):
+                return Divergence(turn, "reward", rewards.get(step), outcome.reward), len(episode.rewards)
+    if len(rewards) > len(episode.rewards):
+        return Divergence(turn, "reward", rewards[min(set(rewards) - set(range(len(episode.rewards))))], None), \
+            len(episode.rewards)
+    if failed:
+        return Divergence(turn, "error", f"{failed['type']}: {failed['message']}", None), len(episode.rewards)
+    return None, len(episode.rewards)
 
 
 def _reset(row: dict[str, Any], verifier: Verifier) -> tuple[dict, Any, str, str | None]:

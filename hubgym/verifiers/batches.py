@@ -11,6 +11,9 @@ components computed before it stay on the row, as they do when the row is scored
    both must give what scoring the row alone gives). A value that is not a finite number fails its row;
 3. per row: the multi_turn episode's summed step rewards ("steps"), then tool-call shaping ("tool_calls").
 
+A row played through the tool `act` (TRL's environment interface) is scored on the trajectory its env saw
+(hubgym.verifiers.act): every stage reads that, as they read a row of hubgym's own loop.
+
 The total adds weight x value in that order and is rounded by `exact`, so a batch gives, float for float,
 what its rows give one at a time.
 """
@@ -26,6 +29,7 @@ from typing import Any, Callable, Protocol, Sequence
 from hubgym.schemas.messages import Message
 from hubgym.schemas.rollouts import RowError
 from hubgym.schemas.tasks import Task
+from hubgym.verifiers.act import driven_by_act, env_view
 from hubgym.verifiers.rewards import tool_call_reward
 
 BatchRewardFn = Callable[[list[Task], list[list[Message]]], Sequence[float]]
@@ -43,6 +47,8 @@ class Verifier(Protocol):
     weights: dict[str, float]
     parse_answer: Callable[[Task, list[Message]], str | None] | None
     source_path: Path
+    reset: Callable[[Task], tuple[Any, str]] | None
+    step: Callable[[Task, Any, str], tuple[Any, str, float, bool]] | None
 
     @property
     def multi_turn(self) -> bool: ...
@@ -73,6 +79,8 @@ def score_rows(verifier: Verifier, tasks: Sequence[Task], completions: Sequence[
                          f"{'no' if cuts is None else len(cuts)} cut flags; give one of each per row")
     components: list[dict[str, float]] = [{} for _ in range(rows)]
     errors: list[RowError | None] = [None] * rows
+    if verifier.multi_turn and any(driven_by_act(t["interaction"]) for t in tasks):
+        completions, cuts = _act_views(verifier, tasks, completions, cuts, errors)
     if verifier.parse_answer is not None or verifier.rewards:
         _per_row_rewards(verifier, tasks, completions, components, errors)
     for name, (fn, _) in verifier.batch_rewards.items():
@@ -80,6 +88,21 @@ def score_rows(verifier: Verifier, tasks: Sequence[Task], completions: Sequence[
     _episode_and_shaping(verifier, tasks, completions, cuts, components, errors)
     return [Score(None, row, error) if error is not None else Score(exact(_total(verifier.weights, row)), row)
             for row, error in zip(components, errors)]
+
+
+def _act_views(verifier: Verifier, tasks: Sequence[Task], completions: Sequence[list[Message]],
+               cuts: Sequence[bool] | None, errors: list[RowError | None]) -> tuple[list, list[bool]]:
+    """Rows played through `act` (TRL's environment interface) are scored on the trajectory their env saw
+    (hubgym.verifiers.act.env_view), never cut: a reply cut short there is text, which is no action anyway."""
+    views, flags = list(completions), list(cuts) if cuts is not None else [False] * len(tasks)
+    for i, task in enumerate(tasks):
+        if driven_by_act(task["interaction"]):
+            flags[i] = False
+            try:
+                views[i] = env_view(verifier, task, completions[i])
+            except Exception as exc:  # the env's step raised on a stored action: the row's error, never a reward
+                errors[i] = verifier_error(exc, verifier.source_path)
+    return views, flags
 
 
 def _total(weights: dict[str, float], row: dict[str, float]) -> float:
@@ -104,6 +127,8 @@ def _per_row_rewards(verifier: Verifier, tasks: Sequence[Task], completions: Seq
     parse, rewards = verifier.parse_answer, list(verifier.rewards.items())
     for i, (task, completion) in enumerate(zip(tasks, completions)):
         row = components[i]
+        if errors[i] is not None:
+            continue
         try:
             if parse is not None:  # first, so a reward that raises still leaves it on the row
                 row[ANSWER_FOUND] = answer_found(parse(task, completion))
