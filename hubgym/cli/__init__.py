@@ -4,11 +4,13 @@
     hubgym wrap                                        hubgym.cli.wrap      (any dataset as an env)
     hubgym rollout | report | push-rollouts            hubgym.cli.rollouts  (sampling and stored rollouts)
     hubgym score | replay                              hubgym.cli.score     (re-scoring and replay)
+    hubgym export sft                                  hubgym.cli.export    (rollouts as a fine-tuning dataset)
     hubgym stats                                       hubgym.cli.stats     (per-task difficulty across runs)
     hubgym eval                                        hubgym.cli.evaluate  (held-out reward of a model)
     hubgym train                                       hubgym.cli.train     (GRPO)
     hubgym demo                                        hubgym.cli.demo      (the main job, hubgym.app.pipeline)
     hubgym view                                        hubgym.cli.view      (a local page over runs)
+    hubgym serve                                       hubgym.cli.serve     (an OpenAI-compatible server)
     hubgym import verifiers                            hubgym.cli.imports   (other frameworks' runs)
 
 Tables and progress bars come from hubgym.app.views, which the main job uses too; nothing below the app layer
@@ -21,7 +23,7 @@ from hubgym.cli.app import app
 from hubgym.files.quick_exit import exit_now
 
 # Each module registers its commands on `app`, in the order `hubgym --help` lists them.
-from hubgym.cli import envs, wrap, rollouts, score, stats, evaluate, train, demo, view, imports  # noqa: E402,F401,I001
+from hubgym.cli import envs, wrap, rollouts, score, export, stats, evaluate, train, demo, view, serve, imports  # noqa: E402,F401,I001,E501
 
 __all__ = ["app", "main"]
 

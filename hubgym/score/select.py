@@ -78,6 +78,32 @@ class Selection(BaseModel):
         return ", ".join(f"{k}={_shown(v)}" for k, v in on.items()) or "no rules (every usable row)"
 
 
+def selection_from_sets(sets: list[str]) -> Selection:
+    """A Selection from `key=value` items (YAML values: `min_reward=1`, `envs=[arithmetic:sums]`), as `hubgym export
+    sft --set` gives them; an unknown key names the closest one, a bad value its rule."""
+    import difflib
+
+    import yaml
+    from pydantic import ValidationError
+
+    values: dict[str, Any] = {}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        key = key.strip().removeprefix("select.")
+        if not sep or key not in Selection.model_fields:
+            close = difflib.get_close_matches(key, list(Selection.model_fields), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise SelectionError(f"--set {item!r}: {'write key=value' if not sep else f'no selection rule {key!r}'}; "
+                                 f"{hint}rules: {', '.join(Selection.model_fields)}")
+        values[key] = yaml.safe_load(raw)
+    try:
+        return Selection(**values)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: "
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
+        raise SelectionError(f"invalid selection: {problems}") from None
+
+
 @dataclass
 class Facts:
     """What the rules read of one stored row."""
