@@ -32,8 +32,9 @@ def tool_use_run(folder: Path) -> Path:
     writer = ShardWriter(folder, "w000of001")
     for g in range(2):
         task = tasks[g]
-        completion = [assistant(None, [tool_call(f"call-{g}", "calculator", json.dumps({"expression": "6*7"}))]),
-                      tool_result("42", f"call-{g}", "calculator"), assistant(f"<answer>{task['info']['answer']}</answer>")]
+        call = tool_call(f"call-{g}", "calculator", json.dumps({"expression": "6*7"}))
+        completion = [assistant(None, [call]), tool_result("42", f"call-{g}", "calculator"),
+                      assistant(f"<answer>{task['info']['answer']}</answer>")]
         writer.add_group([{
             "rollout_id": f"t{g}", "run_id": "tools", "task_id": task["id"], "env": "calc_tools", "group": f"g{g}",
             "sample": 0, "prompt": task["prompt"], "completion": completion, "info": task["info"],
@@ -67,7 +68,8 @@ def test_a_tool_use_rollout_exports_its_calls_results_and_tool_schemas(tmp_path,
     assert [t["function"]["name"] for t in tools] == ["calculator"]
     text = AutoTokenizer.from_pretrained(tiny_model).apply_chat_template(messages, tools=tools, tokenize=False)
     assert '<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>' in text
-    assert "<tool_response>\n42\n</tool_response>" in text and '"name": "calculator"' in text.split("To call a function")[0]
+    assert "<tool_response>\n42\n</tool_response>" in text
+    assert '"name": "calculator"' in text.split("To call a function")[0]  # the schema, in the system turn
     card = (tmp_path / "sft" / "README.md").read_text()
     assert str(tmp_path / "run") in card and "no rules (every usable row)" in card
 
