@@ -61,6 +61,22 @@ def test_golden_cases_score_as_declared():
         assert VERIFIER.score(case.task, episode.completion()).reward == case.reward, case.name
 
 
+def test_a_reply_cut_at_the_token_limit_is_no_guess_in_the_metrics():
+    """The loop never steps a reply cut short: it is neither an invalid guess nor a win (v2), as in `steps`."""
+    from hubgym.schemas import assistant
+
+    task = {**Wordle.golden_cases()[0].task, "id": "t", "env": "wordle", "prompt": []}
+    task["interaction"] = {"kind": "multi_turn", "max_turns": 6, "max_tokens": None, "tools": [], "tool_rewards": []}
+    played = VERIFIER.run_episode(task, ["<guess>zzzzz</guess>"]).completion()
+    for cut_reply, finish in (("<guess>cra", "length"), ("<guess>crane</guess>", "length")):
+        completion = played + [assistant(cut_reply)]
+        score = VERIFIER.score(task, completion, cut=True)
+        assert score.components["invalid_guesses"] == 1.0 and score.components["solved"] == 0.0, cut_reply
+        assert score.components["steps"] == 0.0
+    answered = VERIFIER.run_episode(task, ["<guess>zzzzz</guess>", "<guess>crane</guess>"]).completion()
+    assert VERIFIER.score(task, answered).components == {"solved": 1.0, "invalid_guesses": 1.0, "steps": 0.9375}
+
+
 @pytest.mark.parametrize("secret, guess, expected", [
     ("crane", "error", "YGXXX"),  # one R is green; the secret has no second R
     ("those", "geese", "XXXGG"),  # the E is green at the end; no yellow for the other two

@@ -13,12 +13,16 @@ Row schema:
 Reward:
     Per-step improvements of a progress score that sum to: 1 - (t - 1) / 16 when solved on
     turn t, else (2 * greens + yellows) / 32 of the best valid guess (at most 0.3125).
-    Total in [0, 1]. Metrics (weight 0): solved, invalid_guesses.
+    Total in [0, 1]. Metrics (weight 0): solved, invalid_guesses (over the guesses the env answered: a
+    reply cut at the token limit is no guess).
 Arguments:
     configs default (6 turns) and hard (6 turns, hard mode: greens stay in place and revealed
     letters are reused); WordleConfig.max_turns, .hard_mode, TaskConfig.seed and .sizes.
 Version history:
     v1: first release.
+    v2: the metrics `solved` and `invalid_guesses` count only the guesses the env answered; v1 also counted a
+        last reply cut at the token limit, which the loop never steps (an invalid guess, or a win, that never
+        happened). Rows, step rewards and the total reward are unchanged.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def secret_pool(split: str) -> list[str]:
 class Wordle(TaskBuilder):
     __doc__ = __doc__
     ENV = "wordle"
+    ENV_VERSION = 2
     KIND = "multi_turn"
     TAGS = ("games", "puzzle", "words")
     VERIFIER = "hubgym.verifiers.wordle"

@@ -118,12 +118,24 @@ def step(task: Task, state: dict, action: str) -> tuple[dict, str, float, bool]:
 
 
 def _replay(task: Task, completion: list[Message]) -> dict:
+    """The state the env reached: the guesses it answered, in order."""
     state, _ = reset(task)
-    for action in actions_of(completion):
+    for action in answered_guesses(completion):
         if is_done(task["info"], state):
             break
         state = step(task, state, action)[0]
     return state
+
+
+def answered_guesses(completion: list[Message]) -> list[str]:
+    """The replies the env took as guesses. Every guess is answered with an observation, so a last reply with none
+    after it was never stepped: the rollout loop cuts a reply at the token limit and steps nothing (a cut reply is
+    no action, and no invalid guess)."""
+    actions = actions_of(completion)
+    last = completion[-1] if completion else None
+    if actions and last is not None and last["role"] == "assistant" and not last.get("tool_calls"):
+        return actions[:-1]
+    return actions
 
 
 def solved(task: Task, completion: list[Message]) -> float:
@@ -132,7 +144,7 @@ def solved(task: Task, completion: list[Message]) -> float:
 
 
 def invalid_guesses(task: Task, completion: list[Message]) -> float:
-    """How many turns went to invalid guesses (a metric: weight 0)."""
+    """How many turns went to invalid guesses (a metric: weight 0); a reply cut short is none (`answered_guesses`)."""
     state = _replay(task, completion)
     return float(state["turn"] - len(state["guesses"]))
 
