@@ -36,7 +36,7 @@ def test_serve_prints_its_url_and_name_and_answers_until_ctrl_c(tiny_model, tmp_
 
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "hubgym", "serve", "tiny", "--port", str(port),
-                                "--max-model-len", "512", "--kv-cache-gib", "0.5"], stdout=subprocess.PIPE,
+                                "--max-model-len", "512", "--kv-cache-gib", "1"], stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
     lines = []
     try:

@@ -63,7 +63,7 @@ def traces(results: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_verifiers_evaluates_a_hubgym_env_and_its_rewards_are_hubgyms(runs):
-    from hubgym.integrations.verifiers_import import _messages
+    from hubgym.integrations.verifiers_traces import messages_of
 
     results, _ = runs
     verifier = resolve_env(ENV).verifier()
@@ -71,7 +71,7 @@ def test_verifiers_evaluates_a_hubgym_env_and_its_rewards_are_hubgyms(runs):
     assert len(found) == LIMIT * SAMPLES
     for trace in found:
         task = json.loads(trace["task"]["data"]["hubgym_task"])
-        _, completion, _ = _messages(trace, "trace")
+        _, completion, _ = messages_of(trace, "trace", task)
         assert sum(1 for m in completion if m["role"] == "assistant") > 1  # the episode was played, turn by turn
         verifiers_total = sum(r["score"] * r["weight"] for r in trace["rewards"].values())
         assert verifiers_total == pytest.approx(verifier.score(task, completion).reward)
@@ -127,6 +127,20 @@ def train_offline(model, source, out) -> list[dict]:
     finally:
         trainer.close()
     return [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "policy/loss" in r]
+
+
+@pytest.mark.slow
+def test_a_tool_use_env_is_refused_by_vf_eval_as_one_message_not_a_traceback(tmp_path):
+    bin_dir = Path(sys.executable).parent
+    command = [str(bin_dir / "vf-eval"), "hubgym_verifiers", "--env.taskset.env", "calc_tools", "-m", "m",
+               "--client.base-url", "http://127.0.0.1:9/v1", "--no-push", "-o", str(tmp_path / "out"),
+               "--env.agent.harness.id", "null", "--env.agent.runtime.type", "subprocess"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PRIME_API_KEY": "EMPTY", "COLUMNS": "400"})
+    said = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in said, said[-3000:]
+    assert "hubgym env 'calc_tools' is tool_use, which hubgym does not offer to verifiers" in said
+    assert not (tmp_path / "out").exists()  # refused while the config is read: nothing started, nothing written
 
 
 # -- bad input (no verifiers needed) -------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from rich.text import Text
 
 from hubgym.cli.app import Verbose, app, console, fail, user_errors
 
-KV_CACHE_GIB = 2.0  # the offline engine's share on a CPU (hubgym.engines.offline), GiB
+KV_CACHE_GIB = 2  # the offline engine's share on a CPU (hubgym.engines.offline), GiB (vLLM takes whole GiB)
 
 
 @app.command()
@@ -31,8 +31,8 @@ def serve(model: Annotated[str, typer.Argument(help="tiny, smollm2-135m, a model
               min=16, help="context length \\[default: the model's own, max_position_embeddings]")] = None,
           dtype: Annotated[str, typer.Option(help="auto (float32 on a CPU, vLLM's choice on a GPU), bfloat16, "
                                                   "float16 or float32")] = "auto",
-          kv_cache_gib: Annotated[float, typer.Option(
-              min=0.1, help="GiB of memory for the KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE)")] = KV_CACHE_GIB,
+          kv_cache_gib: Annotated[int, typer.Option(
+              min=1, help="GiB of memory for the KV cache on a CPU (VLLM_CPU_KVCACHE_SPACE)")] = KV_CACHE_GIB,
           gpu_memory_utilization: Annotated[Optional[float], typer.Option(
               help="share of a GPU's memory vLLM takes \\[default: vLLM's 0.9]")] = None,
           tool_parser: Annotated[str, typer.Option(help="how tool calls are read: hermes (<tool_call> JSON) or "
@@ -69,7 +69,7 @@ def serve(model: Annotated[str, typer.Argument(help="tiny, smollm2-135m, a model
         fail(f"the vLLM server stopped by itself; log {server.log_path}:\n{server.log_tail()}")
 
 
-def model_server(model: str, *, host: str, port: int, max_model_len: int | None, dtype: str, kv_cache_gib: float,
+def model_server(model: str, *, host: str, port: int, max_model_len: int | None, dtype: str, kv_cache_gib: int,
                  gpu_memory_utilization: float | None, tool_parser: str, reasoning_parser: str | None,
                  name: str | None):
     """A VLLMServer for `model` (resolved as every command resolves it), its settings checked before vLLM starts:
@@ -96,4 +96,4 @@ def model_server(model: str, *, host: str, port: int, max_model_len: int | None,
     if checked.get("enforce_eager"):
         extra.append("--enforce-eager")
     return VLLMServer(folder, host=host, port=port, max_model_len=length, dtype=checked["dtype"], tool_parser=parser,
-                      extra_args=extra, env={"VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}"})
+                      extra_args=extra, env={"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)})

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pydantic
 import verifiers.v1 as vf
 
 from hubgym.schemas.messages import Message, assistant, user
@@ -35,6 +36,28 @@ class HubgymTasksetConfig(vf.TasksetConfig):
     split: str = "test"
     limit: int | None = None
     """The first this many tasks of the split (all when unset)."""
+
+    @pydantic.field_validator("env")
+    @classmethod
+    def _offered(cls, env: str) -> str:
+        """A tool_use env is refused while vf-eval reads its config, where its CLI shows a refusal as one line
+        (a refusal while the tasks load comes after a page of traceback)."""
+        refusal = tool_use_refusal(env)
+        if refusal:
+            raise ValueError(refusal)
+        return env
+
+
+def tool_use_refusal(env: str) -> str | None:
+    """Why an env is not offered to verifiers (its kind is tool_use), or None."""
+    from hubgym.envs import open_env
+
+    loaded = open_env(env)
+    if loaded.kind != "tool_use":
+        return None
+    return (f"hubgym env {loaded.env!r} is tool_use, which hubgym does not offer to verifiers (verifiers serves tools "
+            f"to its harness programs as MCP servers, and hubgym's tools are Python functions); give a single_turn or "
+            f"multi_turn env (hubgym envs --kind multi_turn), or run it with `hubgym rollout` or TRL")
 
 
 class HubgymData(vf.TaskData):
