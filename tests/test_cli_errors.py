@@ -145,7 +145,7 @@ def test_skip_bad_reads_the_other_shards_and_names_the_bad_one(world, command):
     extra = [a.format(world=world) for a in SKIP_BAD_COMMANDS[command]]
     result = runner.invoke(app, [command, str(world / "flipped"), "--skip-bad", *extra], env={"COLUMNS": "300"})
     assert result.exit_code == 0, result.output
-    assert "note: skipped 1 bad shard(s) (of 2 in this read): " in result.output
+    assert "note: skipped 1 bad shard(s) (of 2 in this read), holding 4 row(s): " in result.output  # rows counted
     assert "w000of001-00000.arrow" in result.output and "arithmetic" in result.output
     all_bad = world / f"all-bad-{command}"
     shutil.copytree(world / "empty", all_bad)

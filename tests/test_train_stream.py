@@ -124,12 +124,12 @@ def test_bad_rows_are_skipped_with_a_named_counted_warning_or_refused_in_strict_
     rows = [{**row("e", 0, 0, 1.0), **bad}, row("e", 0, 1, 0.0), row("e", 0, 2, 1.0)]
     folder = shards(tmp_path, "r", rows if field not in REFUSED else rows[1:])
     if field in REFUSED:
-        with pytest.raises(RowContractError, match=f"column '{field}' breaks rule {REFUSED[field]}: "):
+        said = rf"column '{field}', row 0 \(rollout 'e-0-0'\) breaks rule {REFUSED[field]}: "
+        with pytest.raises(RowContractError, match=said):
             shards(tmp_path / "bad", "r", rows)  # hubgym's writer never stores it
-        forged = forge_shard(tmp_path / "forged", rows)  # another writer could
-        with pytest.raises(ShardError, match=rf"column '{field}', row 0 \(rollout 'e-0-0'\) breaks rule "
-                                             rf"{REFUSED[field]}: "):
-            list(LocalShards(forged))
+        assert not list((tmp_path / "bad" / "r" / "shards").glob("*.arrow"))
+        with pytest.raises(ShardError, match=said):
+            list(LocalShards(forge_shard(tmp_path / "forged", rows)))  # another writer could store it
 
     def source():  # rows from another source than shards are held to the same rule, row by row
         return rows if field in REFUSED else LocalShards(folder)

@@ -253,6 +253,33 @@ def test_an_unknown_run_or_rollout_is_a_not_found_page(page, site):
     assert response.status == 404 and "run 99" in page.locator("p.missing").inner_text()
     response = page.goto(f"{site}/run/0/rollout/nope")
     assert response.status == 404 and "rollout nope" in page.locator("p.missing").inner_text()
+    for run in ("%C2%B2", "%D9%A3", "%FF", "-1", "1e3", "9" * 40):  # '²' and '٣' are digits to str.isdigit
+        response = page.goto(f"{site}/run/{run}/rollouts")
+        assert response.status == 404 and page.locator("p.missing").count() == 1, run
+    response = page.goto(f"{site}/run/0/rollouts?page=%C2%B2")
+    assert response.status == 400 and "is not a page number" in page.locator("p.bad-request").inner_text()
+
+
+@pytest.mark.slow
+def test_a_page_of_another_site_that_rebinds_its_name_to_this_machine_is_refused(runs, site):
+    """DNS rebinding, in the browser: chromium resolves rebind.example to 127.0.0.1 (as a rebinding DNS server
+    would make it), so a page of that site reaches the viewer as its own origin; the viewer answers it with a 400
+    that holds none of the stored data, while the same page by a loopback name is served."""
+    from playwright.sync_api import sync_playwright
+
+    port = site.rsplit(":", 1)[1]
+    rules = "--host-resolver-rules=MAP rebind.example 127.0.0.1"
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_ARGS, rules])
+        try:
+            page = browser.new_page()
+            for path in ("/", "/run/0/rollouts", f"/run/0/rollout/{rows_of(runs.wordle_a)['rollout_id'][0]}"):
+                response = page.goto(f"http://rebind.example:{port}{path}")
+                assert response.status == 400, path
+                assert "is not an address this viewer serves" in page.content() and "wordle" not in page.content()
+            assert page.goto(f"http://localhost:{port}/").status == 200 and "wordle" in page.content()
+        finally:
+            browser.close()
 
 
 # -- the command ----------------------------------------------------------------------------------------------------
@@ -343,7 +370,7 @@ def test_odd_stored_values_and_a_shard_gone_after_indexing_give_pages_not_traceb
     with pa.ipc.new_file(str(first), table.schema) as writer:
         writer.write_table(pa.Table.from_pylist(rows, schema=table.schema))
     store = RunStore.open([str(run)])
-    client = TestClient(make_app(store), raise_server_exceptions=False)
+    client = TestClient(make_app(store), base_url="http://127.0.0.1", raise_server_exceptions=False)
     assert client.get("/").status_code == 200
     assert client.get(f"/run/0/rollout/{rows[0]['rollout_id']}").status_code == 200
     last = max((run / "shards").glob("*.arrow"))
@@ -351,3 +378,99 @@ def test_odd_stored_values_and_a_shard_gone_after_indexing_give_pages_not_traceb
     gone = store.runs[0].index.filter(pl.col("shard") == len(store.runs[0].shards) - 1)["rollout_id"][0]
     page = client.get(f"/run/0/rollout/{gone}")
     assert page.status_code == 500 and "ShardError" in page.text and last.name in page.text
+
+
+# -- requests from anyone (no browser) -------------------------------------------------------------------------------
+
+ROUTES = ("/run/{x}/rollouts", "/run/0/rollouts?page={x}", "/run/0/rollouts?env={x}&min_reward={x}&truncated={x}",
+          "/run/0/rollout/{x}", "/compare?a={x}&b=0&page={x}", "/compare?a=0&b=0&page={x}",
+          "/compare/task?a={x}&b=0&env={x}&task={x}", "/static/{x}", "/{x}")
+ODD = ["%C2%B2", "%D9%A3", "%FF%FE", "%00", "..%2F..%2Fetc%2Fpasswd", "-1", "1e3", "0x1", "9" * 5000, "%E2%80%AE",
+       "%", "%%", "%G0", "a%2Fb", " ", "%0D%0AX-Injected:%201", "<script>", "1.5", "inf", "nan"]
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    from helpers.scored_runs import write_run
+
+    run = write_run(tmp_path_factory.mktemp("view-small") / "r")
+    return RunStore.open([str(run), str(run)])
+
+
+def test_hostile_paths_and_parameters_are_404_or_400_pages_never_500(small_store):
+    """Every route, every slot of it, given values a hand-edited or hostile URL holds (and more drawn below): a
+    page, a not-found page or a bad-request page; a 500 would mean the server failed on a request's input."""
+    from starlette.testclient import TestClient
+
+    client = TestClient(make_app(small_store), base_url="http://127.0.0.1:8765", raise_server_exceptions=False)
+    for route in ROUTES:
+        for value in ODD:
+            response = client.get(route.format(x=value))
+            assert response.status_code in (200, 400, 404), (route, value, response.status_code, response.text[:300])
+    assert client.get("/run/%C2%B2/rollouts").status_code == 404
+    assert client.get("/run/0/rollouts?page=%C2%B2").status_code == 400
+
+
+@pytest.mark.slow
+def test_any_text_in_any_slot_is_never_a_server_error(small_store):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from starlette.testclient import TestClient
+    from urllib.parse import quote
+
+    client = TestClient(make_app(small_store), base_url="http://localhost:8765", raise_server_exceptions=False)
+
+    @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(ROUTES), value=st.text(max_size=40) | st.binary(max_size=20).map(
+        lambda b: "".join(f"%{x:02X}" for x in b)))
+    def check(route, value):
+        text = value if value.startswith("%") else quote(value, safe="")
+        assert client.get(route.format(x=text)).status_code in (200, 400, 404)
+
+    check()
+
+
+@pytest.mark.parametrize("host, served", [
+    ("127.0.0.1:8765", True), ("localhost:8765", True), ("[::1]:8765", True), ("LOCALHOST", True),
+    ("evil.example", False), ("evil.example:8765", False), ("127.0.0.1.evil.example", False), ("", False),
+    ("localhost.", False), ("127.0.0.2", False), ("0.0.0.0:8765", False), ("[::1", False)])
+def test_only_requests_naming_the_address_served_are_answered(small_store, host, served):
+    from starlette.testclient import TestClient
+
+    client = TestClient(make_app(small_store), raise_server_exceptions=False)
+    response = client.get("/", headers={"host": host})
+    assert (response.status_code == 200) is served, (host, response.status_code)
+    if not served:
+        assert response.status_code == 400 and "arithmetic" not in response.text  # nothing of the data
+
+
+def test_the_names_served_follow_the_address_listened_on():
+    from hubgym.viewer.hosts import LOOPBACK, served_names
+
+    assert served_names("127.0.0.1") == LOOPBACK == served_names("localhost")
+    assert served_names("10.1.2.3") == LOOPBACK | {"10.1.2.3"}
+    assert served_names("127.0.0.1", ["Tunnel.Example:443"]) == LOOPBACK | {"tunnel.example"}
+    every = served_names("0.0.0.0")
+    import socket
+
+    assert LOOPBACK < every and socket.gethostname().lower() in every
+
+
+def test_token_ids_past_the_tokenizer_are_refused_where_the_store_reads_them(small_store, tmp_path):
+    from hubgym.errors import ShardError
+    from hubgym.viewer.trajectory import TokenDecoder
+
+    run = small_store.runs[0].shards[0].location.rsplit("/shards/", 1)[0]
+    with pytest.raises(ShardError, match=r"column 'prompt_ids', row 0 .* breaks rule token-ids-in-vocabulary"):
+        RunStore.open([run], vocab_size=3)  # the stored prompt ids are 1, 2, 3
+    assert RunStore.open([run], vocab_size=6).vocab_size == 6
+
+    class Letters:  # a tokenizer of 5 ids
+        def __len__(self):
+            return 5
+
+        def decode(self, ids):
+            return "abcde"[ids[0]]
+
+    decode = TokenDecoder(Letters())
+    assert [decode(i) for i in (0, 4, 5, -1, 2**31 - 1)] == ["a", "e", "[5]", "[-1]", "[2147483647]"]

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
+from hubgym.app.text import plain
 from hubgym.envs.catalog import EnvEntry, count_rows, split_of
 
 if TYPE_CHECKING:
@@ -186,9 +187,10 @@ def with_progress(console: Console, names: list[str], work: Callable[[str], Iter
 
 def frame_table(frame, title: str) -> FrameTable:
     """A polars DataFrame as a rich table (floats to 3 decimals, rates as they are) that never cuts a column name:
-    when its columns do not fit the width it is printed at, it is printed turned, one line per column."""
-    header = list(frame.columns)
-    rows = [[f"{v:.3f}" if isinstance(v, float) else "-" if v is None else str(v) for v in row]
+    when its columns do not fit the width it is printed at, it is printed turned, one line per column. Its text
+    (stored env and metric names, ids) is printed `plain`: control characters escaped."""
+    header = [plain(name) for name in frame.columns]
+    rows = [[f"{v:.3f}" if isinstance(v, float) else "-" if v is None else plain(v) for v in row]
             for row in frame.iter_rows()]
     return FrameTable(title, header, rows)
 
@@ -277,21 +279,22 @@ def replay_tables(report) -> list[Table]:
     """Counts per env, then the first divergences and the first token-audit failures (20 each)."""
     counts = Table("env", *(k.replace("_", " ") for k in report.counts()), title="replay", box=None)
     for env in sorted({r.env for r in report.results}):
-        counts.add_row(env, *map(str, report.counts(env).values()))
+        counts.add_row(plain(env), *map(str, report.counts(env).values()))
     tables = [counts]
     if report.diverged:
         table = Table("rollout", "env", "turn", "field", "stored", "replayed", title="first divergences", box=None)
         for r in report.diverged[:20]:
             d = r.divergence
-            table.add_row(r.rollout_id, r.env, str(d.turn), d.field, *_where_they_differ(d.stored, d.replayed))
+            table.add_row(plain(r.rollout_id), plain(r.env), str(d.turn), plain(d.field),
+                          *_where_they_differ(d.stored, d.replayed))
         tables.append(table)
     if report.token_failures:
         table = Table("rollout", "env", "token", "turn", "part", "stored", "template renders",
                       title="token audit: first token the chat template does not produce", box=None)
         for r in report.token_failures[:20]:
             a = r.audit
-            table.add_row(r.rollout_id, r.env, f"{a.index}/{a.tokens}", str(a.turn), a.part, _near(a.stored),
-                          _near(a.rendered))
+            table.add_row(plain(r.rollout_id), plain(r.env), f"{a.index}/{a.tokens}", str(a.turn), plain(a.part),
+                          _near(a.stored), _near(a.rendered))
         tables.append(table)
     return [folded(t) for t in tables]
 

@@ -18,6 +18,7 @@ import typer
 from rich.text import Text
 
 from hubgym.app import views
+from hubgym.app.text import plain
 from hubgym.cli.app import (HUB_HELP, SKIP_BAD_HELP, Verbose, app, console, fail,
                             skipped_shards_noted, user_errors)
 from hubgym.engines.settings import KINDS
@@ -197,8 +198,8 @@ def report_rollouts(sources: Annotated[list[Path], typer.Argument(help="shard fi
         rollouts = scan_rollouts(sources, skip_bad=skip_bad)
     console().print(views.frame_table(summarize(rollouts, k), title=f"rollouts in {', '.join(map(str, sources))}"))
     for bad in non_finite_rewards(rollouts).iter_rows(named=True):
-        console(stderr=True).print(Text(f"note: {bad['rows']} row(s) of {bad['env']} store a reward that is not a "
-                                        f"finite number ({', '.join(bad['values'])}; the first: rollout "
+        console(stderr=True).print(Text(f"note: {bad['rows']} row(s) of {plain(bad['env'])} store a reward that is "
+                                        f"not a finite number ({', '.join(bad['values'])}; the first: rollout "
                                         f"{bad['first']!r}): counted in errors, left out of every reward column",
                                         style="yellow"))
     target = plot or (sources[0] if sources[0].is_dir() else sources[0].parent) / "rewards.png"

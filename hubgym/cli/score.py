@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym.app import views
+from hubgym.app.text import plain
 from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
 from hubgym.errors import StoredEnvError
 
@@ -76,16 +77,20 @@ def score(sources: Annotated[list[str], typer.Argument(help="run folders, shard 
         out_console.print(views.frame_table(shown, title=f"changed values ({len(shown)} of {len(result.changes)})"))
     used = Table("env", "verifier", "sha256", "from", title="verifiers used", box=None)
     for env, spec in sorted(result.verifiers.items()):
-        used.add_row(env, spec.module, spec.sha256[:12], spec.origin)
+        used.add_row(plain(env), plain(spec.module), spec.sha256[:12], plain(spec.origin))
     out_console.print(used)
     for unused in result.unused:
-        out_console.print(Text(f"note: {unused} matched no row; those rows kept their env's current verifier",
-                           style="yellow"))
+        out_console.print(Text(f"note: {plain(unused)} matched no row; those rows kept their env's current "
+                               f"verifier", style="yellow"))
     if result.manifest:
         out_console.print(Text(f"shards: {out / 'shards'}  manifest: {result.manifest}"))
     target = plot or (out / "rescore.png" if out else None)
     if target:
-        out_console.print(Text(f"plot: {plot_diff(result, target)}"))
+        try:
+            out_console.print(Text(f"plot: {plot_diff(result, target)}"))
+        except Exception as exc:  # noqa: BLE001 - the re-score is complete (and written): a plot never undoes it
+            out_console.print(Text(f"note: no plot drawn ({type(exc).__name__}: {plain(str(exc))[:200]}); the "
+                                   f"re-score itself is complete", style="yellow"))
 
 
 @app.command()
@@ -129,8 +134,10 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
     with skipped_shards_noted(), Progress(SpinnerColumn(), TextColumn("[bold]replay[/] {task.completed} rollouts"),
                                           TimeElapsedColumn(), console=console(stderr=True)) as progress:
         task = progress.add_task("replay", total=None)
-        replayed = iter_replay(itertools.chain([first] if first else [], rows), rollout=rollout, renderer=renderer,
-                               verifier=choice)
+        rows = itertools.chain([first] if first else [], rows)
+        if renderer is not None:  # the tokenizer is known from here: its vocabulary bounds the ids
+            rows = in_vocabulary(rows, len(renderer.tokenizer), model)
+        replayed = iter_replay(rows, rollout=rollout, renderer=renderer, verifier=choice)
         try:
             for result in replayed:
                 report.results.append(result)
@@ -150,6 +157,21 @@ def replay(sources: Annotated[list[str], typer.Argument(help="run folders, shard
                         soft_wrap=True)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def in_vocabulary(rows, vocab_size: int, model: str):
+    """The rows, each held to the row contract's vocabulary rule once the tokenizer is known (its ids re-rendered by
+    a tokenizer that lacks them would be read as other text); ShardError naming the rollout, column and rule."""
+    from hubgym.errors import ShardError
+    from hubgym.schemas.row_contract import shown, vocabulary_breach
+
+    for row in rows:
+        breach = vocabulary_breach(row, vocab_size)
+        if breach is not None:
+            raise ShardError(f"rollout {shown(row.get('rollout_id'))} of run {shown(row.get('run_id'))}: column "
+                             f"{breach.column!r} {breach.message()} (--model {model}); replay it with the model "
+                             f"that sampled it", column=breach.column, rule=breach.rule.name)
+        yield row
 
 
 def with_command(exc: StoredEnvError, command: str, sources: list[str], hub: str | None) -> str:

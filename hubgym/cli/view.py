@@ -11,6 +11,7 @@ import typer
 from rich.text import Text
 
 from hubgym.app import views
+from hubgym.app.text import plain
 from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
 
 
@@ -25,7 +26,10 @@ def view(sources: Annotated[list[str], typer.Argument(
          tokenizer: Annotated[Optional[str], typer.Option(
              help="model whose tokenizer shows token text (tiny, smollm2-135m, a folder or a Hub id) "
                   "\\[default: token ids]")] = None,
-         skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False) -> None:
+         skip_bad: Annotated[bool, typer.Option(help=SKIP_BAD_HELP)] = False,
+         allow_host: Annotated[Optional[list[str]], typer.Option(
+             help="a name the page may also be opened by (a proxy's, a tunnel's; repeatable): requests naming any "
+                  "other Host than the address served are refused")] = None) -> None:
     """Serve a page over rollouts: per-env tables and reward histograms, filters, one trajectory at a time with its
     token record, re-scored rewards beside the stored ones, two runs side by side. Reads each shard once to index
     it, then opens rows from their shard as pages ask for them."""
@@ -36,10 +40,11 @@ def view(sources: Annotated[list[str], typer.Argument(
 
     decode = tokenizer_decoder(tokenizer) if tokenizer else None
     with skipped_shards_noted(), views.rows_progress(console(stderr=True), "indexing rollouts") as advance:
-        store = RunStore.open(sources, hub=hub, skip_bad=skip_bad, progress=lambda _, rows: advance(rows, None))
+        store = RunStore.open(sources, hub=hub, skip_bad=skip_bad, progress=lambda _, rows: advance(rows, None),
+                              vocab_size=decode.vocab_size if decode else None)
     shown = console()
     for run in store.runs:
-        shown.print(Text(f"{run.label}: {run.index.height} rollouts in {len(run.shards)} shard(s)"
+        shown.print(Text(f"{plain(run.label)}: {run.index.height} rollouts in {len(run.shards)} shard(s)"
                          f"{' (re-scored)' if run.rescored else ''}"))
     shown.print(Text(f"serving http://{host}:{port}/ (Ctrl-C stops)"), soft_wrap=True)
-    serve(store, host=host, port=port, decode=decode)
+    serve(store, host=host, port=port, decode=decode, allow_hosts=tuple(allow_host or ()))

@@ -1,11 +1,13 @@
-"""Atomic file writes (readers see the old file or the new one, never a half-written one), file hashes, and
-modules run from the very bytes that were read (and hashed) once."""
+"""Atomic file writes (readers see the old file or the new one, never a half-written one), file hashes, modules
+run from the very bytes that were read (and hashed) once, and config files read only when they are small regular
+files of text."""
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
 import os
+import stat
 import sys
 import uuid
 from pathlib import Path
@@ -42,6 +44,34 @@ def replace_dir(staged: Path, final: Path) -> None:
     finally:
         os.close(fd)
     shutil.rmtree(old, ignore_errors=True)
+
+
+MAX_CONFIG_BYTES = 16 << 20
+"""16 MiB: a config or spec file (a training config, a mixture spec) lists settings and entries; a bigger file is
+not one, and reading it whole is what a mistaken path (a dataset, /dev/zero) would do forever."""
+
+
+def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes; else ValueError saying why in a few words (no
+    such file; not a regular file: a FIFO would block and a device never end; too large; not UTF-8, with the byte).
+    The file is opened without blocking and checked on the open descriptor, so what is read is what was checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    except FileNotFoundError:
+        raise ValueError("no such file") from None
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a regular file (a FIFO would block and a device never end)")
+        data = handle.read(limit + 1)  # at most one byte past the bound, whatever the file grew to since
+    if len(data) > limit:
+        raise ValueError(f"{max(info.st_size, len(data)):,} bytes, past the {limit:,} a config file may hold")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})") from None
 
 
 def sha256_file(path: str | Path) -> str:

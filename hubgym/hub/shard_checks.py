@@ -240,9 +240,11 @@ def as_read(batch: pa.RecordBatch) -> pa.RecordBatch:
         return batch
     errors = batch.column("error").to_pylist()
     for row in pc.indices_nonzero(pc.invert(finite)).to_pylist():
+        value = rewards[row].as_py()
+        problem = ("is not a finite number" if not math.isfinite(value) else
+                   f"is past +-2^53 ({MAX_ABS_REWARD:.3g}), where a group's sums and squares overflow")
         errors[row] = errors[row] or {"boundary": "verifier", "type": NON_FINITE_REWARD,
-                                      "message": f"the stored reward {rewards[row].as_py()!r} is not a finite number "
-                                                 f"within +-2^53 (past it a group's sums overflow)"}
+                                      "message": f"the stored reward {value!r} {problem}"}
     at = batch.schema.get_field_index
     batch = batch.set_column(at("reward"), batch.schema.field("reward"),
                              pc.if_else(finite, rewards, pa.scalar(None, pa.float64())))

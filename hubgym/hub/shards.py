@@ -186,10 +186,9 @@ def skipped_warning(bad: list[tuple[str, int | None, ShardError | str]], read: i
     (column, row and rule where one row did), so a read that goes on is never silent about what it dropped."""
     known = [rows for _, rows, _ in bad if rows is not None]
     rows = f"{sum(known)} row(s)" + ("" if len(known) == len(bad) else " and shards whose rows are not recorded")
-    shown = [f"{name} ({_why(error)})" for name, _, error in bad[:10]]
-    more = f"; and {len(bad) - 10} more" if len(bad) > 10 else ""
+    shown = [f"{name} ({_why(error)})" for name, _, error in bad]
     return SkippedShardsWarning(f"skipped {len(bad)} bad shard(s) (of {read} in this read), holding {rows}: "
-                                f"{'; '.join(shown)}{more}")
+                                f"{'; '.join(shown)}")
 
 
 def _why(error: ShardError | str) -> str:

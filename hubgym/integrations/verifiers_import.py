@@ -21,16 +21,20 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import math
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
+
+from pyarrow import ArrowException
 
 from hubgym.errors import ResultsError
-from hubgym.schemas.messages import Message, message, tool_call
+from hubgym.integrations.verifiers_traces import (
+    calls_of, created_at, iter_traces, messages_of, optional, rewards_of, stored_tokens, task_of, traces_file,
+)
+from hubgym.schemas.messages import message
 from hubgym.schemas.version import SCHEMA_VERSION
 
-TRACES_FILE = "traces.jsonl"
 ENGINE = "verifiers"
 
 
@@ -48,26 +52,21 @@ def import_verifiers(results: str | Path, out: str | Path, *, model: str, logpro
                      progress: Callable[[int], None] | None = None) -> ImportSummary:
     """Write a hubgym run folder at `out` from a vf-eval run folder (or its traces.jsonl); `model` (`tiny`, a folder,
     a Hub id) gives the tokenizer and chat template that re-derive missing token ids, and the weights that re-derive
-    missing logprobs. A bad line is one ResultsError naming the file, line and field; nothing is written then."""
-    from hubgym.rollout.writer import ShardWriter, worker_name
-
-    path = _traces_file(Path(results))
+    missing logprobs. A bad line is one ResultsError naming the file, line and field (and the rule of the row
+    contract a row would break); every row is made and checked before anything is written, and a write that fails
+    anyway takes away what it wrote: `out` is left as it was found."""
+    path = traces_file(Path(results))
     data = path.read_bytes()
     run_id = "vf-" + hashlib.sha256(data).hexdigest()[:12]  # re-importing the same results writes the same run
     deriver = Deriver(model, logprobs)
-    rows = [deriver.row(trace, run_id, where) for trace, where in _traces(data, path)]
+    rows, places = [], []
+    for trace, where in iter_traces(data, path):
+        rows.append(deriver.row(trace, run_id, where))
+        places.append(where)
     _number_samples(rows, run_id)
-    groups: dict[str, list[dict]] = {}
-    for row in rows:
-        groups.setdefault(row["group"], []).append(row)
-    with ShardWriter(out, worker_name(0, 1), run_id=run_id) as writer:
-        done = writer.existing_ids()
-        for group in groups.values():
-            writer.add_group([r for r in group if r["rollout_id"] not in done])
-            if progress is not None:
-                progress(len(group))
-        writer.flush()
-        writer.write_manifest(_manifest(run_id, rows, deriver, writer, path))
+    for row, where in zip(rows, places):
+        _check_row(row, where, deriver.vocab_size)
+    _write(Path(out), run_id, rows, _manifest_of(run_id, rows, deriver, path), progress)
     envs: dict[str, int] = {}
     for row in rows:
         envs[row["env"]] = envs.get(row["env"], 0) + 1
@@ -75,41 +74,67 @@ def import_verifiers(results: str | Path, out: str | Path, *, model: str, logpro
                          sum(_flag(r, "logprobs") for r in rows))
 
 
-def _traces_file(results: Path) -> Path:
-    path = results / TRACES_FILE if results.is_dir() else results
-    if not path.is_file():
-        raise ResultsError(f"{results} holds no {TRACES_FILE}; give the run folder vf-eval wrote (its --output-dir "
-                           f"and run name) or its {TRACES_FILE}", path=str(results))
-    return path
+def _check_row(row: dict[str, Any], where: str, vocab_size: int) -> None:
+    """A row the writer would store and every reader take (the row contract, token ids in the model's vocabulary,
+    each value of its column's type), or ResultsError naming where in the file it came from."""
+    from hubgym.errors import RowContractError
+    from hubgym.rollout.writer import check_rows, rows_table
+    from hubgym.schemas.row_contract import row_breach
+
+    breach = row_breach(row, vocab_size=vocab_size)
+    if breach is not None:
+        raise ResultsError(f"{where} makes a row whose column {breach.column!r} {breach.message()}; hubgym stores "
+                           f"only rows every reader takes", path=where)
+    try:
+        check_rows(rows_table([row]), "the imported row")
+    except RowContractError as exc:
+        raise ResultsError(f"{where} makes a row that {str(exc).split(': ', 1)[-1]}", path=where) from None
+    except (ArrowException, TypeError, ValueError, OverflowError) as exc:
+        raise ResultsError(f"{where} makes a row with a value of another type than the rollout schema's "
+                           f"({type(exc).__name__}: {str(exc)[:160]})", path=where) from None
 
 
-def _traces(data: bytes, path: Path) -> Iterator[tuple[dict, str]]:
-    """Each trace of each episode line, with where it is (`file:line`)."""
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            episode = json.loads(line)
-        except ValueError as exc:
-            raise ResultsError(f"{where} is not JSON ({exc}); the file was cut or is not vf-eval's output",
-                               path=str(path), line=number) from None
-        traces = _field(episode, "traces", list, where)
-        for i, trace in enumerate(traces):
-            yield _checked(trace, dict, f"{where} traces[{i}]"), f"{where} traces[{i}]"
+def _write(out: Path, run_id: str, rows: list[dict], manifest: Callable[[Any], dict],
+           progress: Callable[[int], None] | None) -> None:
+    """The rows as a run folder (resumed where one of this run is there); a write that fails takes away the folder
+    when this call made it, so a later import into it starts clean."""
+    from hubgym.rollout.writer import ShardWriter, worker_name
+
+    made = not out.exists()
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(row["group"], []).append(row)
+    try:
+        with ShardWriter(out, worker_name(0, 1), run_id=run_id) as writer:
+            done = writer.existing_ids()
+            for group in groups.values():
+                writer.add_group([r for r in group if r["rollout_id"] not in done])
+                if progress is not None:
+                    progress(len(group))
+            writer.flush()
+            writer.write_manifest(manifest(writer))
+    except BaseException:
+        if made:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
-def _field(obj: Any, name: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(obj, dict) or name not in obj:
-        raise ResultsError(f"{where} has no field {name!r}; it is not a verifiers 0.4 trace", path=where)
-    return _checked(obj[name], kind, f"{where} {name}")
+def _check_tokens(row: dict[str, Any], where: str, vocab_size: int) -> None:
+    """The token record's rules of the row contract (ids in the vocabulary, masks, logprobs), before the ids are
+    used: a forward pass over an id past the vocabulary would index nothing."""
+    from hubgym.schemas.row_contract import row_breach
+
+    tokens = {k: row[k] for k in ("prompt_ids", "completion_ids", "completion_mask", "completion_logprobs")}
+    breach = row_breach(tokens, vocab_size=vocab_size)
+    if breach is not None:
+        raise ResultsError(f"{where} holds a token record whose column {breach.column!r} {breach.message()}",
+                           path=where)
 
 
-def _checked(value: Any, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(value, kind) or isinstance(value, bool) and kind in (int, float, (int, float)):
-        names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-        raise ResultsError(f"{where} is {type(value).__name__}, not {names}", path=where)
-    return value
+def _context(model: Any) -> int | None:
+    """The longest sequence a model takes (its max_position_embeddings), when its config says."""
+    value = getattr(model.config, "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
 
 
 def _flag(row: dict, what: str) -> bool:
@@ -146,42 +171,62 @@ class Deriver:
             self._renderer = ChatRenderer(AutoTokenizer.from_pretrained(folder))
         return self._renderer
 
+    @property
+    def vocab_size(self) -> int:
+        """The token ids the model takes (its tokenizer's)."""
+        return len(self.renderer.tokenizer)
+
     def row(self, trace: dict, run_id: str, where: str) -> dict[str, Any]:
-        task = _task(trace, where)
-        prompt, completion, nodes = _messages(trace, where)
-        info = trace.get("info") if isinstance(trace.get("info"), dict) else {}
-        final = info.get("hubgym_final_observation")
-        if isinstance(final, str) and final and completion and completion[-1]["role"] == "assistant":
+        task = task_of(trace, where)
+        prompt, completion, nodes = messages_of(trace, where, task)
+        info = optional(trace, "info", dict, where, {})
+        final = optional(info, "hubgym_final_observation", str, f"{where} info")
+        if final and completion and completion[-1]["role"] == "assistant":
             completion.append(message("user", final))  # the episode's last observation, as hubgym's loop keeps it
-        reward, metrics, error = _rewards(trace, where)
-        calls = [c for c in trace.get("calls") or [] if isinstance(c, dict)]
-        finish = next((c.get("finish_reason") for c in reversed(calls) if c.get("finish_reason")), None)
+        reward, metrics, error = rewards_of(trace, where)
+        if not nodes and error is None:
+            raise ResultsError(f"{where} nodes is empty (not one message) yet the trace records no failure: an "
+                               f"episode without a reply has nothing to score or train on", path=where)
+        calls = calls_of(trace, where)
+        finish = next((optional(c, "finish_reason", str, f"{where} calls") for c in reversed(calls)
+                       if c.get("finish_reason")), None)
         row: dict[str, Any] = {
             "rollout_id": "", "run_id": run_id, "task_id": task["id"], "env": task["env"],
             "group": f"{run_id}-{task['id']}", "sample": 0, "prompt": prompt, "completion": completion,
             "info": task["info"], "interaction": task["interaction"], "tokens_consistent": True,
-            "reward": reward, "finish_reason": finish if isinstance(finish, str) else None,
+            "reward": reward, "finish_reason": finish or ("error" if error else ""),  # as hubgym's loop says
             "truncated": finish == "length", "num_turns": sum(1 for m in completion if m["role"] == "assistant"),
             "error": error, "timings": {"generate_s": None, "tools_s": None, "score_s": None, "total_s": None},
-            "created_at": _created_at(trace),
+            "created_at": created_at(trace, where),
         }
-        stored = _stored_tokens(nodes)
+        stored = stored_tokens(nodes, where)
         if stored is None:
-            self._rederive_tokens(row, task)
+            self._rederive_tokens(row, where)
         else:
             row["prompt_ids"], row["completion_ids"], row["completion_mask"], row["completion_logprobs"] = stored
+        _check_tokens(row, where, self.vocab_size)  # before a forward pass indexes the model with them
         rederived_logprobs = False
         if len(row["completion_logprobs"]) != len(row["completion_ids"]):
-            row["completion_logprobs"], rederived_logprobs = self._logprobs(row), self.logprobs
+            row["completion_logprobs"], rederived_logprobs = self._logprobs(row, where), self.logprobs
         metrics += [{"name": "import/token_ids_rederived", "value": float(stored is None)},
                     {"name": "import/logprobs_rederived", "value": float(rederived_logprobs)}]
         row["metrics"] = metrics
-        row["provenance"] = self._provenance(trace, calls, stored is None, rederived_logprobs)
+        row["provenance"] = self._provenance(trace, calls, stored is None, rederived_logprobs, where)
         return row
 
-    def _rederive_tokens(self, row: dict, task: dict) -> None:
-        """The token record the rollout loop would have kept for these messages: the rendered prompt, each reply's
-        text plus the stop token that closes its turn (mask 1), the template's text between replies (mask 0)."""
+    def _rederive_tokens(self, row: dict, where: str) -> None:
+        """The token record the rollout loop would have kept for these messages (`_tokens`); ResultsError naming the
+        trace when the model's chat template cannot render them (its own code: a template error is not ours)."""
+        try:
+            self._tokens(row)
+        except Exception as exc:  # noqa: BLE001 - jinja2's errors, and whatever a template raises
+            raise ResultsError(f"{where} cannot be rendered by the chat template of {self.model_name} "
+                               f"({type(exc).__name__}: {str(exc)[:160]}); import it with the model that sampled it",
+                               path=where) from None
+
+    def _tokens(self, row: dict) -> None:
+        """The rendered prompt, each reply's text plus the stop token that closes its turn (mask 1), the template's
+        text between replies (mask 0)."""
         from hubgym.rollout.tokens import audit_tokens
 
         r = self.renderer
@@ -210,9 +255,9 @@ class Deriver:
         if row["tokens_consistent"]:  # the audit every written row gets (hubgym replay's)
             row["tokens_consistent"] = audit_tokens(row, r, tools).ok
 
-    def _logprobs(self, row: dict) -> list[float]:
+    def _logprobs(self, row: dict, where: str) -> list[float]:
         """The model's logprob of each sampled token given everything before it (0 for env tokens), or [] when not
-        asked for."""
+        asked for; a sequence past the model's context is refused before the forward pass."""
         if not self.logprobs or not row["completion_ids"]:
             return []
         import torch
@@ -224,6 +269,11 @@ class Deriver:
 
             self._model = AutoModelForCausalLM.from_pretrained(resolve_model(self.model_name), dtype=torch.float32)
             self._model.eval()
+        length, context = len(row["prompt_ids"]) + len(row["completion_ids"]), _context(self._model)
+        if context is not None and length > context:
+            raise ResultsError(f"{where} is {length:,} tokens, past the context of {self.model_name} ({context:,}): "
+                               f"its logprobs cannot be re-derived; import it with --no-logprobs, or with the model "
+                               f"that sampled it", path=where)
         ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
         with torch.no_grad():
             logits = self._model(input_ids=ids).logits[0, :-1].float()  # (T-1, V): position t predicts token t+1
@@ -231,117 +281,24 @@ class Deriver:
         out = picked[len(row["prompt_ids"]) - 1:].tolist()  # (C,): the completion tokens
         return [lp if keep else 0.0 for lp, keep in zip(out, row["completion_mask"])]
 
-    def _provenance(self, trace: dict, calls: list[dict], tokens: bool, logprobs: bool) -> dict[str, Any]:
-        version = trace.get("verifiers", {}).get("version") if isinstance(trace.get("verifiers"), dict) else None
+    def _provenance(self, trace: dict, calls: list[dict], tokens: bool, logprobs: bool,
+                    where: str) -> dict[str, Any]:
+        version = optional(optional(trace, "verifiers", dict, where, {}), "version", str, f"{where} verifiers")
         notes = [f"imported from verifiers {version or '?'}"]
         if tokens:
             notes.append(f"token ids re-derived with {self.model_name}'s chat template")
         if logprobs:
             notes.append(f"logprobs re-derived by {self.model_name}")
-        sampled_by = next((c.get("model") for c in calls if isinstance(c.get("model"), str)), None)
-        sampling = next((c.get("sampling") for c in calls if isinstance(c.get("sampling"), dict)), {})
+        sampled_by = next((optional(c, "model", str, f"{where} calls") for c in calls if c.get("model")), None)
+        sampling = next((optional(c, "sampling", dict, f"{where} calls") for c in calls if c.get("sampling")), {})
         return {"model": sampled_by or self.model_name, "policy_version": 0,
                 "sampling": json.dumps(sampling, sort_keys=True), "env_repo": None, "env_revision": None,
                 "verifier_module": None, "verifier_sha256": None, "engine": ENGINE, "engine_version": "; ".join(notes),
                 "chat_template_sha256": self.renderer.template_sha256 if tokens else None}
 
 
-def _task(trace: dict, where: str) -> dict[str, Any]:
-    data = _field(_field(trace, "task", dict, where), "data", dict, f"{where} task")
-    raw = data.get("hubgym_task")
-    if not isinstance(raw, str):
-        raise ResultsError(f"{where} task.data has no hubgym_task: the trace is not of a hubgym env; only runs of "
-                           f"`vf-eval hubgym_verifiers` import", path=where)
-    try:
-        task = json.loads(raw)
-    except ValueError:
-        raise ResultsError(f"{where} task.data.hubgym_task is not JSON", path=where) from None
-    for name, kind in (("id", str), ("env", str), ("info", dict), ("interaction", dict), ("prompt", list)):
-        _field(task, name, kind, f"{where} task.data.hubgym_task")
-    return task
-
-
-def _messages(trace: dict, where: str) -> tuple[list[Message], list[Message], list[dict]]:
-    """(prompt, completion, the nodes of the path) along the graph's last branch: from its last node up the parents."""
-    nodes = _field(trace, "nodes", list, where)
-    path, at, seen = [], (len(nodes) - 1 if nodes else None), set()  # no nodes: the episode failed before a turn
-    while at is not None:
-        if not isinstance(at, int) or not 0 <= at < len(nodes) or at in seen:
-            raise ResultsError(f"{where} nodes: parent {at!r} is not an earlier node", path=where)
-        seen.add(at)
-        node = _checked(nodes[at], dict, f"{where} nodes[{at}]")
-        path.append(node)
-        at = node.get("parent")
-    path.reverse()
-    first = next((i for i, n in enumerate(path) if n.get("sampled")), len(path))
-    messages = [_message(_field(n, "message", dict, f"{where} nodes"), where) for n in path]
-    return messages[:first], messages[first:], path
-
-
-def _message(m: dict, where: str) -> Message:
-    role = m.get("role")
-    if role not in ("system", "user", "assistant", "tool"):
-        raise ResultsError(f"{where} a message has role {role!r}", path=where)
-    calls = [tool_call(str(c.get("id") or ""), str(c.get("name") or ""), str(c.get("arguments") or ""))
-             for c in m.get("tool_calls") or [] if isinstance(c, dict)]
-    return message(role, _text(m.get("content")), tool_calls=calls or None, tool_call_id=m.get("tool_call_id"),
-                   name=m.get("name"))
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
-
-
-def _rewards(trace: dict, where: str) -> tuple[float | None, list[dict], dict | None]:
-    """(reward, reward/<name> metrics, error): the weighted total of the recorded rewards; a failed episode or a
-    verifier error recorded by the hubgym env is the row's error, and its reward stays None."""
-    info = trace.get("info") if isinstance(trace.get("info"), dict) else {}
-    metrics, total = [], 0.0
-    for name, reward in (trace.get("rewards") or {}).items():
-        if reward is None:
-            continue
-        score = _checked(_field(reward, "score", (int, float), f"{where} rewards.{name}"), (int, float), where)
-        weight = _checked(reward.get("weight", 1.0), (int, float), f"{where} rewards.{name}.weight")
-        if not math.isfinite(score) or not math.isfinite(weight):
-            raise ResultsError(f"{where} rewards.{name} is not a finite number", path=where)
-        metrics.append({"name": f"reward/{name}", "value": float(score)})
-        total += score * weight
-    errors = [e for e in trace.get("errors") or [] if isinstance(e, dict)]
-    if isinstance(info.get("hubgym_error"), dict):
-        e = info["hubgym_error"]
-        return None, metrics, {"boundary": "verifier", "type": str(e.get("type")), "message": str(e.get("message"))}
-    if not trace.get("ok", True) or errors:
-        e = errors[0] if errors else {}
-        return None, metrics, {"boundary": "env", "type": str(e.get("type", "Error")),
-                               "message": str(e.get("message", "the episode did not complete"))[:2000]}
-    return total, metrics, None
-
-
-def _stored_tokens(nodes: list[dict]) -> tuple[list[int], list[int], list[int], list[float]] | None:
-    """The token record the trace holds (every node's ids, mask and logprobs along the path), or None when it has
-    none (an eval client that returns no ids)."""
-    if not any(n.get("token_ids") for n in nodes):
-        return None
-    first = next((i for i, n in enumerate(nodes) if n.get("sampled")), len(nodes))
-    prompt = [int(t) for n in nodes[:first] for t in n.get("token_ids") or []]
-    ids, mask, logprobs = [], [], []
-    for n in nodes[first:]:
-        tokens = [int(t) for t in n.get("token_ids") or []]
-        flags = n.get("mask") or [False] * len(tokens)
-        lps = n.get("logprobs") or []
-        ids += tokens
-        mask += [int(bool(f)) for f in flags[:len(tokens)]] + [0] * (len(tokens) - len(flags))
-        logprobs += [float(x) if x is not None else 0.0 for x in lps[:len(tokens)]] if lps else []
-    return prompt, ids, mask, logprobs if len(logprobs) == len(ids) else []
-
-
-def _created_at(trace: dict) -> dt.datetime | None:
-    start = (trace.get("timing") or {}).get("start") if isinstance(trace.get("timing"), dict) else None
-    if isinstance(start, (int, float)) and math.isfinite(start) and start > 0:
-        return dt.datetime.fromtimestamp(start, dt.timezone.utc)
-    return None
+def _manifest_of(run_id: str, rows: list[dict], deriver: Deriver, source: Path) -> Callable[[Any], dict[str, Any]]:
+    return lambda writer: _manifest(run_id, rows, deriver, writer, source)
 
 
 def _manifest(run_id: str, rows: list[dict], deriver: Deriver, writer: Any, source: Path) -> dict[str, Any]:

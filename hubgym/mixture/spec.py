@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hubgym.errors import EnvContractError, EnvNotFoundError, Where
+from hubgym.files import read_config_text
 
 __all__ = ["EnvConfig", "MixEntry", "MixSpec", "expand", "load_mix_spec", "parse_spec", "spec_digest"]
 
@@ -124,23 +125,15 @@ def parse_spec(data: Any, origin: str = "mixture spec") -> MixSpec:
                                "write a list of {name|source|tag, weight} (the format: hubgym.mixture.spec)") from None
 
 
-MAX_SPEC_BYTES = 16 << 20  # a spec lists entries; a bigger file is not one
-
-
 def load_mix_spec(path: str | Path) -> MixSpec:
-    """Read a YAML or JSON spec file (JSON is YAML): a regular file of UTF-8 text (a FIFO or a device would block
-    or never end), nested no deeper than YAML's parser recurses."""
+    """Read a YAML or JSON spec file (JSON is YAML): a regular file of UTF-8 text of at most MAX_CONFIG_BYTES (a
+    FIFO or a device would block or never end: hubgym.files.read_config_text), nested no deeper than YAML's parser
+    recurses."""
     path = Path(path)
     try:
-        if not path.is_file():
-            raise OSError(f"{'no such file' if not path.exists() else 'not a regular file'}")
-        if path.stat().st_size > MAX_SPEC_BYTES:
-            raise OSError(f"{path.stat().st_size:,} bytes; a spec is a short list of entries")
-        data = yaml.safe_load(path.read_bytes().decode("utf-8"))
-    except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError) as exc:
-        problem = ("nested too deep" if isinstance(exc, RecursionError) else
-                   f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})"
-                   if isinstance(exc, UnicodeDecodeError) else str(exc).splitlines()[0][:200])
+        data = yaml.safe_load(read_config_text(path))
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:
+        problem = "nested too deep" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:200]
         raise EnvContractError(f"cannot read mixture spec {path}: {problem}", Where(field="envs"),
                                "give a readable YAML or JSON file (UTF-8 text)") from None
     return parse_spec(data, origin=f"mixture spec {path}")

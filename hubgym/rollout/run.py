@@ -40,6 +40,15 @@ from hubgym.schemas.version import SCHEMA_VERSION
 from hubgym.verifiers.contract import Score, Verifier, last_reply_cut
 
 
+MAX_SAMPLES = 65_536
+AT_MOST: dict[str, tuple[int, str]] = {
+    "n": (MAX_SAMPLES, "the n samples of a task are one GRPO group, sampled together, held in memory and written into "
+                       "one shard; sample more tasks instead"),
+    "policy_version": (2**63 - 1, "rows store it as a 64-bit integer"),
+}
+"""Upper bounds, checked before any engine starts: a count past them would start vLLM and then never end."""
+
+
 @dataclass
 class RolloutConfig:
     """Everything that defines a rollout run (the run id is a hash of it, minus the worker fields)."""
@@ -82,6 +91,9 @@ class RolloutConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise SettingError(f"{name}={value!r} must be a whole number >= {low}", setting=name)
+            high, why = AT_MOST.get(name, (None, ""))
+            if high is not None and value > high:
+                raise SettingError(f"{name}={value:,} is past the {high:,} hubgym takes: {why}", setting=name)
         if self.shard_index >= self.num_shards:
             raise SettingError(f"shard_index={self.shard_index} must be below num_shards={self.num_shards} (worker i "
                                f"of N is shard_index i, 0 to N-1)", setting="shard_index")

@@ -35,10 +35,10 @@ from typing import Any, Iterable
 
 import pyarrow as pa
 
-from hubgym.errors import RowContractError
+from hubgym.errors import RowContractError, ShardError
 from hubgym.files import atomic_write_bytes, sha256_file
 from hubgym.rollout.runlock import RunLock, claim_run
-from hubgym.schemas.row_contract import GROUP_COLUMNS, Breach, first_breach, group_breach
+from hubgym.hub.shard_checks import FIX, ShardCheck
 from hubgym.schemas.rollouts import ROLLOUT_FEATURES, ROLLOUT_SCHEMA, Rollout
 
 FLUSH_EVERY_S = 5.0  # a finished group waits at most this long before it is on disk
@@ -214,25 +214,24 @@ class ShardWriter:
 
 
 def check_rows(table: pa.Table, shard: str) -> None:
-    """RowContractError naming the first row of `table` (about to be written as `shard`) that breaks the row
-    contract, or nothing: the writer stores only what every reader takes."""
-    first = 0
-    for batch in table.to_batches():
-        breach = first_breach(batch)
-        if breach is not None:
-            raise _contract_error(table, shard, first + breach.row, breach)
-        first += batch.num_rows
-    breach = group_breach(table.select(list(GROUP_COLUMNS)))
-    if breach is not None:
-        raise _contract_error(table, shard, breach.row, breach)
+    """RowContractError naming the first row of `table` (about to be written as `shard`) that a reader would refuse
+    (shard_checks.ShardCheck: no null where none is written, `info` JSON, dates, unique ids, the row contract),
+    or nothing: the writer stores only what every reader takes."""
+    check, first = ShardCheck(shard), 0
+    try:
+        for batch in table.to_batches():
+            check.batch(batch, first)
+            first += batch.num_rows
+        check.finish()
+    except ShardError as exc:
+        what = str(exc).removesuffix(f"; {FIX}")
+        raise RowContractError(f"{what}; every reader refuses such a row, so it is not written: fix the code that "
+                               f"made it", column=exc.column, row=exc.row, rule=exc.rule) from None
 
 
-def _contract_error(table: pa.Table, shard: str, row: int, breach: Breach) -> RowContractError:
-    rollout = table.column("rollout_id")[row].as_py()
-    return RowContractError(f"row {row} of shard {shard} (rollout {rollout!r}): column {breach.column!r} "
-                            f"{breach.message()}; every reader refuses such a row, so it is not written: fix the "
-                            f"code that made it", column=breach.column, row=row, rule=breach.rule.name,
-                            rollout_id=rollout)
+def rows_table(rows: list[Rollout]) -> pa.Table:
+    """Rollout rows as the table a shard holds (what `write_shard` writes, before its checks)."""
+    return _to_table(rows)
 
 
 def _to_table(rows: list[Rollout]) -> pa.Table:

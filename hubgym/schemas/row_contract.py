@@ -399,6 +399,15 @@ def _type_rule(column: str) -> Rule:
                 lambda b: _none(b.num_rows))
 
 
+def vocabulary_breach(row: dict[str, Any], vocab_size: int) -> Breach | None:
+    """The vocabulary rule alone, on a row already read (a reader that learns the tokenizer after its first rows:
+    `hubgym replay --model`)."""
+    for rule in vocabulary_rules(vocab_size):
+        if rule.column in row and not rule.keeps(row):
+            return Breach(0, rule, next((i for i in row[rule.column] if i >= vocab_size), row[rule.column]))
+    return None
+
+
 def group_mismatch(first: dict[str, Any], row: dict[str, Any]) -> Rule | None:
     """The group rule `row` breaks by joining the group whose first row is `first` (another env, task or run), or
     None; a sample index twice is the caller's to see (it holds the group's rows)."""

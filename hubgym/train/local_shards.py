@@ -30,9 +30,12 @@ TRAIN_COLUMNS = ("rollout_id", "run_id", "task_id", "env", "group", "sample", "p
 class LocalShards:
     """An iterator of rollout row dicts over local shards; `columns=None` reads every column."""
 
-    def __init__(self, paths: Sequence[str | Path] | str | Path, columns: Sequence[str] | None = TRAIN_COLUMNS):
+    def __init__(self, paths: Sequence[str | Path] | str | Path, columns: Sequence[str] | None = TRAIN_COLUMNS,
+                 vocab_size: int | None = None):
         # Each shard is read as every reader of stored shards reads it (load_shard: recorded sha256, structure,
-        # schema, rows), and one its run's manifest lists but the folder lacks is named, not quietly left out.
+        # schema, rows, the row contract: token ids below `vocab_size` too, when given), and one its run's manifest
+        # lists but the folder lacks is named, not quietly left out.
+        self.vocab_size = vocab_size
         self._sources = local_shard_sources([paths] if isinstance(paths, (str, Path)) else list(paths))
         self.files = [Path(s.location) for s in self._sources]
         self.columns = list(columns) if columns is not None else None
@@ -82,7 +85,7 @@ class LocalShards:
             if self._file >= len(self.files):
                 self._reader = None
                 return None
-            loaded = load_shard(self._sources[self._file])
+            loaded = load_shard(self._sources[self._file], vocab_size=self.vocab_size)
             self._seen.add(loaded.source.name, loaded.ids)
             self._reader, self._batch = loaded.reader, 0
         batch = as_read(self._reader.get_batch(self._batch))  # today's column types; a non-finite reward: an error

@@ -331,7 +331,8 @@ class Trainer:
         def rows(source: str) -> Iterator[dict]:
             from hubgym.hub.rollouts import iter_rollouts
 
-            for row in iter_rollouts([source], hub=self.hub):
+            # a token id past the model's vocabulary would index nothing in its embedding: the reader refuses it
+            for row in iter_rollouts([source], hub=self.hub, vocab_size=vocab_size(self.policy.module)):
                 if self.plan is None:
                     yield row
                 elif row.get("group") in self.plan.groups:
@@ -486,6 +487,14 @@ class Trainer:
     def _count(self, counts: dict[str, int]) -> None:
         for key, value in counts.items():
             self.counts[key] = self.counts.get(key, 0) + value
+
+
+def vocab_size(module) -> int | None:
+    """The token ids a model takes: the rows of its input embedding and of its output layer (the smaller)."""
+    sizes = [getattr(layer, attr, None) for layer, attr in ((module.get_input_embeddings(), "num_embeddings"),
+                                                            (module.get_output_embeddings(), "out_features"))]
+    known = [size for size in sizes if isinstance(size, int)]
+    return min(known) if known else None
 
 
 def loss_settings(cfg: TrainConfig) -> LossSettings:

@@ -16,8 +16,13 @@ from hubgym.viewer.trajectory import tokenizer_decoder
 __all__ = ["Run", "RunStore", "make_app", "serve", "tokenizer_decoder"]
 
 
-def serve(store: RunStore, *, host: str = "127.0.0.1", port: int = 8765, decode=None) -> None:
-    """Serve the pages with uvicorn until interrupted (loopback only by default: the page shows stored data)."""
+def serve(store: RunStore, *, host: str = "127.0.0.1", port: int = 8765, decode=None,
+          allow_hosts: tuple[str, ...] = ()) -> None:
+    """Serve the pages with uvicorn until interrupted (loopback only by default: the page shows stored data); only
+    requests naming the address served (or `allow_hosts`) in their Host header are answered (hosts.py)."""
     import uvicorn
 
-    uvicorn.run(make_app(store, decode), host=host, port=port, log_level="warning")
+    from hubgym.viewer.hosts import served_names
+
+    uvicorn.run(make_app(store, decode, hosts=served_names(host, allow_hosts)), host=host, port=port,
+                log_level="warning")

@@ -8,6 +8,10 @@
 
 Stored data is untrusted: every value reaches the page through an autoescaping template (no `|safe` on data), and
 the Content-Security-Policy allows only this server's own stylesheet: no script runs, nothing is fetched elsewhere.
+Requests are untrusted too: a run index that is not a plain decimal number below the number of runs, a rollout the
+run lacks or a path no route has is a 404 page; a request whose Host is not an address the viewer serves is a 400
+(hosts.py: DNS rebinding); a 500 page means the server failed (a shard gone since it was indexed), never a
+request's fault.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from typing import Any
 
 import jinja2
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from hubgym.viewer import queries, trajectory
+from hubgym.viewer.hosts import LOOPBACK, HostCheck
 from hubgym.viewer.store import RunStore
 
 HERE = Path(__file__).parent
@@ -30,9 +36,10 @@ CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'
        "frame-ancestors 'none'")
 
 
-def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows: int = queries.PAGE_ROWS) -> Starlette:
+def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows: int = queries.PAGE_ROWS,
+             hosts: frozenset[str] = LOOPBACK) -> Starlette:
     """The app; `decode` turns token ids into text (a tokenizer the user named), else ids are shown; `page_rows`
-    rows make one page of a table."""
+    rows make one page of a table; `hosts`: the Host names a request may carry (hosts.served_names)."""
     templates = jinja2.Environment(loader=jinja2.FileSystemLoader(HERE / "templates"),
                                    autoescape=True, undefined=jinja2.StrictUndefined)
     templates.filters["num"] = _num
@@ -46,9 +53,16 @@ def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows
     def missing(what: str) -> HTMLResponse:
         return render("missing.html", status=404, what=what)
 
+    def bad(what: str) -> HTMLResponse:
+        return render("bad_request.html", status=400, what=what)
+
     def run_of(request: Request, key: str = "run") -> int | None:
-        raw = request.path_params.get(key, request.query_params.get(key, ""))
-        return int(raw) if str(raw).isdigit() and int(raw) < len(store.runs) else None
+        """A run's index from the path or query: ASCII digits only ('²' and '٣' are digits to str.isdigit, not to
+        int), at most 9 of them, below the number of runs; else None (a 404 page)."""
+        raw = str(request.path_params.get(key, request.query_params.get(key, "")))
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+            return None
+        return int(raw) if int(raw) < len(store.runs) else None
 
     async def overview(request: Request) -> Response:
         summaries = []
@@ -66,7 +80,9 @@ def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows
             return missing(f"run {request.path_params['run']}")
         run = store.runs[i]
         filters = queries.Filters.from_query(dict(request.query_params))
-        number = _int(request.query_params.get("page"), 0)
+        number = _page(request)
+        if number is None:
+            return bad(f"page {request.query_params['page'][:40]!r} is not a page number (0, 1, 2, ...)")
         rows, matching, pages = queries.page(run.index, filters, number, page_rows)
         return render("rollouts.html", i=i, run=run, rows=rows, matching=matching, pages=pages,
                       number=min(max(number, 0), pages - 1), filters=filters, query=filters.query(),
@@ -87,7 +103,9 @@ def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows
         a, b = run_of(request, "a"), run_of(request, "b")
         if a is None or b is None:
             return render("compare_pick.html")
-        number = _int(request.query_params.get("page"), 0)
+        number = _page(request)
+        if number is None:
+            return bad(f"page {request.query_params['page'][:40]!r} is not a page number (0, 1, 2, ...)")
         rows, matching, pages = queries.compare(store.runs[a].index, store.runs[b].index, number, page_rows)
         return render("compare.html", a=a, b=b, rows=rows, matching=matching, pages=pages,
                       number=min(max(number, 0), pages - 1))
@@ -114,14 +132,14 @@ def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows
               Route("/run/{run}/rollout/{rollout_id:path}", rollout), Route("/compare", compare),
               Route("/compare/task", compare_task),
               Mount("/static", StaticFiles(directory=HERE / "static"), name="static")]
-    return Starlette(routes=routes, exception_handlers={Exception: failed})
+    return Starlette(routes=routes, exception_handlers={Exception: failed},
+                     middleware=[Middleware(HostCheck, names=hosts)])
 
 
-def _int(text: str | None, default: int) -> int:
-    try:
-        return int(text) if text else default
-    except ValueError:
-        return default
+def _page(request: Request) -> int | None:
+    """The `page` a query asks for (0 when it asks none), or None when it is not ASCII digits (at most 9)."""
+    text = request.query_params.get("page") or "0"
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
 
 
 def _num(value: Any, digits: int = 3) -> str:

@@ -48,14 +48,16 @@ class RunStore:
 
     runs: list[Run]
     verify: bool = True
+    vocab_size: int | None = None  # the token ids a page decodes: rows are held below it (the row contract)
     _open: OrderedDict = field(default_factory=OrderedDict, repr=False)
 
     @classmethod
     def open(cls, sources: Iterable[str], *, hub: Any = None, verify: bool = True, skip_bad: bool = False,
-             progress: Callable[[str, int], None] | None = None) -> "RunStore":
+             progress: Callable[[str, int], None] | None = None, vocab_size: int | None = None) -> "RunStore":
         """Index every source; `progress(label, rows)` hears each shard as it is indexed."""
-        runs = [index_run(str(s), hub=hub, verify=verify, skip_bad=skip_bad, progress=progress) for s in sources]
-        return cls(runs, verify)
+        runs = [index_run(str(s), hub=hub, verify=verify, skip_bad=skip_bad, progress=progress,
+                          vocab_size=vocab_size) for s in sources]
+        return cls(runs, verify, vocab_size)
 
     def row(self, run: int, rollout_id: str) -> dict[str, Any] | None:
         """The whole stored row (info decoded), or None when the run holds no such rollout."""
@@ -71,7 +73,7 @@ class RunStore:
         if key in self._open:
             self._open.move_to_end(key)
             return self._open[key]
-        loaded = load_shard(self.runs[run].shards[shard], verify=self.verify)
+        loaded = load_shard(self.runs[run].shards[shard], verify=self.verify, vocab_size=self.vocab_size)
         table = pa.Table.from_batches(list(loaded.batches()))
         self._open[key] = table
         while len(self._open) > KEEP_SHARDS:
@@ -80,12 +82,12 @@ class RunStore:
 
 
 def index_run(source: str, *, hub: Any = None, verify: bool = True, skip_bad: bool = False,
-              progress: Callable[[str, int], None] | None = None) -> Run:
+              progress: Callable[[str, int], None] | None = None, vocab_size: int | None = None) -> Run:
     """A run's index: the small columns of every shard, read shard by shard (nothing else is kept)."""
     sources = shard_sources(source, hub=hub)
     parts = []
     kept: list[ShardSource] = []
-    for loaded in verified_shards(sources, verify=verify, skip_bad=skip_bad):
+    for loaded in verified_shards(sources, verify=verify, skip_bad=skip_bad, vocab_size=vocab_size):
         parts.append(_small_columns(loaded, len(kept)))
         kept.append(loaded.source)
         if progress is not None:

@@ -108,20 +108,28 @@ def tokens(row: dict[str, Any], decode: Decode | None) -> list[Token]:
     return out
 
 
-def tokenizer_decoder(model: str) -> Decode:
+class TokenDecoder:
+    """Single token ids -> text with one tokenizer; `vocab_size` bounds the ids it takes (the store holds the rows
+    it reads to it: the row contract's vocabulary rule). An id past it is shown as `[id]`, never decoded."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer, self.vocab_size = tokenizer, len(tokenizer)
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        if not 0 <= token_id < self.vocab_size:
+            return f"[{token_id}]"
+        if token_id not in self._cache:
+            self._cache[token_id] = self.tokenizer.decode([token_id])
+        return self._cache[token_id]
+
+
+def tokenizer_decoder(model: str) -> TokenDecoder:
     """Decode single token ids with the tokenizer of `model` (`tiny`, `smollm2-135m`, a folder or a Hub id, as
     everywhere in hubgym), which the user names: stored rows never choose what is loaded."""
     from transformers import AutoTokenizer
 
     from hubgym.models import resolve_model
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model, setting="--tokenizer",
-                                                            needs=("tokenizer.json", "tokenizer_config.json")))
-    cache: dict[int, str] = {}
-
-    def decode(token_id: int) -> str:
-        if token_id not in cache:
-            cache[token_id] = tokenizer.decode([token_id])
-        return cache[token_id]
-
-    return decode
+    return TokenDecoder(AutoTokenizer.from_pretrained(resolve_model(model, setting="--tokenizer",
+                                                                    needs=("tokenizer.json", "tokenizer_config.json"))))
