@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 from rich.table import Table
 from rich.text import Text
 
-from hubgym.app.text import plain
+from hubgym.schemas.text import plain
 from hubgym.envs.catalog import EnvEntry, count_rows, split_of
 
 if TYPE_CHECKING:

@@ -38,7 +38,7 @@ def console(stderr: bool = False) -> Console:
 
 def fail(message: str) -> NoReturn:
     """One red line (its control characters escaped: a message may quote stored data), exit code 1."""
-    from hubgym.app.text import plain
+    from hubgym.schemas.text import plain
 
     console(stderr=True).print(Text.assemble(("error: ", "bold red"), (plain(message), "red")), soft_wrap=True)
     raise typer.Exit(1)
@@ -97,7 +97,7 @@ SKIP_BAD_HELP = "leave out shards that fail their checks (each is named) instead
 @contextmanager
 def skipped_shards_noted() -> Iterator[None]:
     """Print the shards a `skip_bad` read left out as yellow notes, also before an error when every one was bad."""
-    from hubgym.app.text import plain
+    from hubgym.schemas.text import plain
     from hubgym.errors import SkippedShardsWarning
 
     with warnings.catch_warnings(record=True) as skipped:

@@ -17,7 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from hubgym.app import views
-from hubgym.app.text import plain
+from hubgym.schemas.text import plain
 from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
 from hubgym.errors import StoredEnvError
 

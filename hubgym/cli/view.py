@@ -11,7 +11,7 @@ import typer
 from rich.text import Text
 
 from hubgym.app import views
-from hubgym.app.text import plain
+from hubgym.schemas.text import plain
 from hubgym.cli.app import HUB_HELP, SKIP_BAD_HELP, app, console, fail, skipped_shards_noted, user_errors
 
 

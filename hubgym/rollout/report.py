@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 
 from hubgym.hub.rollout_stats import SCORED, reward_components, summarize
+from hubgym.schemas.text import plain
 
 
 def plot_rewards(rollouts: pl.LazyFrame, path: str | Path, k: int | None = None) -> Path:
@@ -46,7 +47,7 @@ def reward_figure(rollouts: pl.LazyFrame, k: int | None = None):
 
 
 def _env_axis(ax, envs: list[str], labels: list[str] | None = None) -> None:
-    ax.set_xticks(range(len(envs)), labels or envs, fontsize=8)
+    ax.set_xticks(range(len(envs)), [plain(label) for label in labels or envs], fontsize=8)  # stored names
     ax.set_xlim(-0.7, len(envs) - 0.3)
 
 
@@ -125,7 +126,7 @@ def _plot_components(ax, envs: list[str], components: pl.DataFrame) -> None:
         for j, (name, mean) in enumerate(part.select("component", "mean").iter_rows()):
             x, height = i - 0.4 + width * (j + 0.5), _drawable([mean])[0]
             ax.bar(x, height if np.isfinite(height) else 0.0, width, color=color[name])
-            label = f"{name} {mean:.2f}" if abs(height) < 1e6 else f"{name} {mean:.3g}"
+            label = f"{plain(name)} {mean:.2f}" if abs(height) < 1e6 else f"{plain(name)} {mean:.3g}"
             top = max(height, 0.0) if np.isfinite(height) else 0.0
             ax.annotate(label, (x, top), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
                         fontsize=6, rotation=90)

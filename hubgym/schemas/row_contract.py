@@ -72,8 +72,14 @@ class Breach:
         return f"breaks rule {self.rule.name}: {self.rule.says} (it holds {shown(self.value)})"
 
 
+class Said(str):
+    """What a breaking row holds, already in words (its stored parts quoted with `shown`): shown as it is."""
+
+
 def shown(value: Any, limit: int = 80) -> str:
     """A stored value as a message shows it: its repr (control characters escaped), cut to `limit` characters."""
+    if isinstance(value, Said):
+        return str(value)
     text = repr(value)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
@@ -133,8 +139,8 @@ def _false_on_null(mask: pa.Array) -> pa.Array:
 
 def _lengths_shown(column: str) -> Callable[[pa.RecordBatch, int], Any]:
     def lengths(batch: pa.RecordBatch, row: int) -> str:
-        return (f"{len(batch.column(column)[row].as_py() or [])} value(s) for "
-                f"{len(batch.column('completion_ids')[row].as_py() or [])} token(s)")
+        return Said(f"{len(batch.column(column)[row].as_py() or [])} value(s) for "
+                    f"{len(batch.column('completion_ids')[row].as_py() or [])} token(s)")
     return lengths
 
 
@@ -225,12 +231,12 @@ ROW_RULES: tuple[Rule, ...] = (
     Rule("prompt-for-tokens", "prompt_ids", "is not empty when completion_ids is not (sampled tokens follow a "
          "prompt's)", ("prompt_ids", "completion_ids"),
          lambda b: pc.and_(_empty(b, "prompt_ids"), pc.invert(_empty(b, "completion_ids"))),
-         lambda b, row: f"no prompt ids for {len(b.column('completion_ids')[row].as_py())} completion token(s)",
+         lambda b, row: Said(f"no prompt ids for {len(b.column('completion_ids')[row].as_py())} completion token(s)"),
          lambda r: bool(r["prompt_ids"]) or not r["completion_ids"]),
     Rule("completion-for-tokens", "completion", "holds the messages its completion_ids encode (not empty when they "
          "are not)", ("completion", "completion_ids"),
          lambda b: pc.and_(_empty(b, "completion"), pc.invert(_empty(b, "completion_ids"))),
-         lambda b, row: f"no message for {len(b.column('completion_ids')[row].as_py())} completion token(s)",
+         lambda b, row: Said(f"no message for {len(b.column('completion_ids')[row].as_py())} completion token(s)"),
          lambda r: bool(r["completion"]) or not r["completion_ids"]),
     Rule("one-mask-per-token", "completion_mask", "holds one value per completion token (completion_ids)",
          ("completion_mask", "completion_ids"),
@@ -365,10 +371,10 @@ def _first_in_python(table: pa.Table, groups: set[str]) -> Breach | None:
             continue
         for rule in GROUP_RULES[:3]:
             if row[rule.column] != first[key][rule.column]:
-                return Breach(row_number, rule, f"{row[rule.column]!r} in group {key!r}, whose first row holds "
-                                                f"{first[key][rule.column]!r}")
+                held = f"{shown(row[rule.column])} in group {shown(key)}, whose first row holds"
+                return Breach(row_number, rule, Said(f"{held} {shown(first[key][rule.column])}"))
         if row["sample"] in samples[key]:
-            return Breach(row_number, GROUP_RULES[3], f"sample {row['sample']} twice in group {key!r}")
+            return Breach(row_number, GROUP_RULES[3], Said(f"sample {row['sample']} twice in group {shown(key)}"))
         samples[key].add(row["sample"])
     return None
 

@@ -19,6 +19,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from hubgym.schemas.text import plain
 from hubgym.score.scoring import RESCORED_BOUNDARY
 
 TOL = 1e-9
@@ -223,7 +224,7 @@ def plot_diff(diff: Diff, path: str | Path, title: str = "re-score") -> Path:
             ax.scatter(points["old"], points["new"], s=area, c=moved, alpha=0.6)
         changed_rows = int(count["changed"][0]) if len(count) else 0
         total = int(count["rows"][0]) if len(count) else 0
-        ax.set_title(f"{env}: {changed_rows} of {total} changed", fontsize=9)
+        ax.set_title(f"{plain(env)}: {changed_rows} of {total} changed", fontsize=9)
         ax.set_xlabel("stored reward")
         ax.set_ylabel("re-scored reward")
     for ax in list(axes.flat)[len(envs):]:

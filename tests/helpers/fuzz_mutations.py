@@ -4,13 +4,18 @@ Byte mutations work on any file: bit flips, insertions, overwrites, repeated ran
 mutations rewrite a shard as someone out to break a reader would: rows repeated, non-finite or extreme
 numbers, `info` that is not JSON or is nested 100,000 deep, nulls where the writer never writes one, and
 Arrow arrays whose buffers lie (offsets out of order or out of range, invalid UTF-8) in valid IPC framing.
+Value mutations (fuzz_values.py) keep the Arrow valid and change what cells hold: out of range, not finite,
+negative, one value short or long, copied from another row (groups of two tasks), a reward on a failed row.
 Either way the caller then records the mutated shard's
 sha256 (and, for crafted ones, its rows) where the run manifest or index.json keeps them, so the integrity
 check passes and only the readers' own validation stands between the bytes and the code.
 
-The oracle (`shard_problem`, `json_problem`) is independent of hubgym's readers: pyarrow's full validation, the
-original schema, JSON that Python reads, unique rollout ids, the recorded rows, and the fields the writer never
-leaves null. A command that exits 0 on data the oracle calls invalid is a silent success.
+The oracle (`shard_problem`, `json_problem`, `run_manifest_problem`) is independent of hubgym's readers:
+pyarrow's full validation, the original schema, JSON that Python reads, unique rollout ids, the recorded rows,
+the fields the writer never leaves null, the row contract's rules written out in plain Python
+(fuzz_values.values_problem: token ids, logprobs, masks, counts, kinds, one task per group, the manifest's run
+id), and a run manifest's fields of the types its writers write. A command that exits 0 on data the oracle calls
+invalid is a silent success.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import pyarrow as pa
+
+from helpers.fuzz_values import mutate_values, values_problem
 
 INTERESTING_BYTES = [b"\x00", b"\xff", b"\x7f", b"\x80", b"\x00\x00\x00\x00", b"\xff\xff\xff\xff",
                      b"\xff\xff\xff\x7f", b"\x00\x00\x00\x80", b"\x01\x00\x00\x00", b"\xc3\x28", b"\xed\xa0\x80"]
@@ -287,11 +294,16 @@ def crash_case(name: str, data: bytes) -> bytes:
     return write_table(CRASH_CASES[name][1](read_table(data), random.Random(0)))
 
 
-def mutate_shard(data: bytes, rng: random.Random) -> Mutation:
-    """A crafted rewrite of a shard (Arrow-valid or lying buffers), or a byte mutation."""
-    if rng.random() < 0.6:
+def mutate_shard(data: bytes, rng: random.Random, values: bool = False) -> Mutation:
+    """A value mutation (always, with `values`), a crafted rewrite of a shard (Arrow-valid or lying buffers), or a
+    byte mutation."""
+    roll = 0.5 if values else rng.random()
+    if roll < 0.45:
         return mutate_bytes(data, rng)
     table = read_table(data)
+    if values or roll < 0.75:
+        name, table = mutate_values(table, rng)
+        return Mutation(f"values: {name}", write_table(table), crafted=True)
     if rng.random() < 0.35:
         name, table = _lie(table, rng)
         return Mutation(f"crafted: {name}", write_table(table), crafted=True)
@@ -302,8 +314,11 @@ def mutate_shard(data: bytes, rng: random.Random) -> Mutation:
 # -- the oracle ---------------------------------------------------------------------------------------------
 
 
-def shard_problem(data: bytes, schema: pa.Schema, recorded_rows: int | None, seen_ids: set[str]) -> str | None:
-    """Why the shard is not what a writer of rollouts could have written (None: it is valid data)."""
+def shard_problem(data: bytes, schema: pa.Schema, recorded_rows: int | None, seen_ids: set[str],
+                  run_id: str | None = None) -> str | None:
+    """Why the shard is not what a writer of rollouts could have written (None: it is valid data); `run_id`: what
+    its run's manifest records."""
+    values: list[dict] = []
     try:
         reader = pa.ipc.open_file(pa.BufferReader(data))
         if not reader.schema.equals(schema) or [str(f.type) for f in reader.schema] != [str(f.type) for f in schema]:
@@ -326,10 +341,59 @@ def shard_problem(data: bytes, schema: pa.Schema, recorded_rows: int | None, see
             if len(set(ids)) != len(ids) or seen_ids & set(ids):
                 return "a rollout id twice"
             seen_ids.update(ids)
+            values += batch.to_pylist()
     except (pa.ArrowException, ValueError, RecursionError, OSError) as exc:
         return f"{type(exc).__name__}"
     if recorded_rows is not None and rows != recorded_rows:
         return "rows differ from the recorded count"
+    return values_problem(values, run_id)
+
+
+RUN_MANIFEST_TYPES = {"run_id": (str, type(None)), "worker": (str,), "model": (str,), "policy_version": (int,),
+                      "n": (int,), "rows": (int,), "shards": (list,), "split": (str, type(None)),
+                      "schema_version": (str,), "engine": (str,), "updated_at": (str,), "kind": (str,),
+                      "run_ids": (list,), "envs": (dict, type(None))}
+
+
+def run_manifest_problem(data: bytes, original: bytes, run_id: str) -> str | None:
+    """A run manifest's verdict: json_problem's, then each field its writers write of that type (a boolean is no
+    integer), counts >= 0, `rows` the sum of its shards' rows, and a run id that is the rows' (`run_id`) or null."""
+    problem = json_problem(data, original, ("shard_files",), may_lack=True)
+    if problem:
+        return problem
+    manifest = json.loads(data.decode("utf-8"))
+    if not isinstance(manifest, dict):
+        return "not an object"
+    for key, kinds in RUN_MANIFEST_TYPES.items():
+        if key in manifest and (type(manifest[key]) not in kinds):
+            return f"{key} of another type"
+    for key in ("policy_version", "n", "rows"):
+        if key in manifest and manifest[key] < 0:
+            return f"a negative {key}"
+    if any(type(v) is not str for key in ("shards", "run_ids") for v in manifest.get(key) or []):
+        return "a shard or run name that is not a string"
+    if any(type(v) is not dict for v in (manifest.get("envs") or {}).values()):
+        return "an env entry that is not an object"
+    files = manifest.get("shard_files")
+    if "rows" in manifest and isinstance(files, dict) and files:
+        if manifest["rows"] != sum(entry["rows"] for entry in files.values()):
+            return "rows that are not the sum of its shards'"
+    if manifest.get("run_id") not in (None, run_id):
+        return "a run id other than its rows'"
+    return None
+
+
+def index_problem(data: bytes, original: bytes) -> str | None:
+    """index.json's verdict: json_problem's, then `rows` (where present) an integer, the sum of its shards'."""
+    problem = json_problem(data, original, ("shards",))
+    if problem:
+        return problem
+    index = json.loads(data.decode("utf-8"))
+    if "rows" in index:
+        if type(index["rows"]) is not int:
+            return "rows of another type"
+        if index["rows"] != sum(entry["rows"] for entry in index["shards"].values()):
+            return "rows that are not the sum of its shards'"
     return None
 
 

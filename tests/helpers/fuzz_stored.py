@@ -1,6 +1,7 @@
 """Fuzz hubgym's readers of stored data with crafted files whose recorded sha256 still matches.
 
     python tests/helpers/fuzz_stored.py --mutants 10000 --seed 1 --corpus /tmp/fuzz-corpus   # the run in RESULTS.md
+    python tests/helpers/fuzz_stored.py --values --mutants 10000 --seed 2 --corpus /tmp/fuzz-corpus  # values only
     python tests/helpers/fuzz_stored.py --seed 1 --only 4711 --save /tmp/mutant              # one mutant, to look at
 
 The corpus is real: two rollout runs of the tiny model (wordle, multi_turn; calc_tools, tool_use) sampled
@@ -8,7 +9,8 @@ through the instant server, so their token ids pass the token audit; both pushed
 repo (index.json, summary.json, a card), beside the wordle env pushed as an env repo (hubgym.json, a card, its
 verifier). Mutant i is drawn from Random(f"{seed}:{i}"): a file (a shard, local or on the hub; a run manifest;
 index.json; summary.json; a card; hubgym.json; the verifier) and a mutation of it (fuzz_mutations.py). A mutated
-shard's sha256 is written into the manifest or index.json that records it, so the integrity check passes.
+shard's sha256 is written into the manifest or index.json that records it, so the integrity check passes. With
+`--values` every mutant is a value mutation of a shard, local or on the hub (fuzz_values.py).
 
 Each mutant runs the commands that read its file, in-process, in a child process that goes on to the next
 mutant: `hubgym report`, `score` and `replay --model` on the run folders; `score` and `replay` of the hub repo;
@@ -46,7 +48,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: `helpers` is a package when run as a script
-from helpers.fuzz_mutations import json_problem, mutate_bytes, mutate_json, mutate_shard, shard_problem  # noqa: E402
+from helpers.fuzz_mutations import (  # noqa: E402
+    index_problem, json_problem, mutate_bytes, mutate_json, mutate_shard, run_manifest_problem, shard_problem,
+)
 
 OUTCOMES = ("clean error", "valid success", "silent success", "traceback", "signal", "hang", "fuzzer error")
 BAD = ("silent success", "traceback", "signal", "hang", "fuzzer error")
@@ -56,6 +60,15 @@ REPO, ENV_REPO, WORKER = "org/rollouts", "org/wordle", "w000of001"
 TARGETS = {"shard": 40, "hub shard": 12, "run manifest": 12, "index.json": 12, "summary.json": 3,
            "rollouts card": 3, "hubgym.json": 12, "env card": 3, "verifier.py": 3}
 """File kinds and how often each is drawn."""
+VALUE_TARGETS = {"shard": 40, "hub shard": 12}
+"""With --values: shards only, every mutation a value mutation."""
+_VALUES = False  # set by --values (and handed to the child processes)
+
+
+def values_only(on: bool) -> None:
+    """Every mutant a value mutation of a shard (the `--values` run)."""
+    global _VALUES
+    _VALUES = on
 
 
 # -- the corpus ---------------------------------------------------------------------------------------------
@@ -108,7 +121,8 @@ def commands(kind: str, work: Path, corpus: dict[str, Any]) -> list[list[str]]:
 def draw(seed: int, index: int, root: Path) -> tuple[str, str, random.Random]:
     """(kind, file relative to the corpus, the mutant's generator)."""
     rng = random.Random(f"{seed}:{index}")
-    kind = rng.choices(list(TARGETS), weights=list(TARGETS.values()))[0]
+    targets = VALUE_TARGETS if _VALUES else TARGETS
+    kind = rng.choices(list(targets), weights=list(targets.values()))[0]
     env_snapshot = _snapshot(root, ENV_REPO)
     repo_snapshot = _snapshot(root, REPO)
     run = rng.choice(RUNS)
@@ -135,8 +149,10 @@ def prepare(seed: int, index: int, root: Path, work: Path) -> dict[str, Any]:
         shutil.copytree(root / folder, work / folder, symlinks=True, copy_function=os.link)
     kind, name, rng = draw(seed, index, root)
     original = (root / name).read_bytes()
-    mutate = mutate_shard if kind in ("shard", "hub shard") else mutate_json if name.endswith(".json") else mutate_bytes
-    mutation = mutate(original, rng)
+    if kind in ("shard", "hub shard"):
+        mutation = mutate_shard(original, rng, values=_VALUES)
+    else:
+        mutation = (mutate_json if name.endswith(".json") else mutate_bytes)(original, rng)
     problem = _apply(kind, name, original, mutation, root, work)
     return {"index": index, "kind": kind, "file": name, "mutation": mutation.name, "invalid": problem}
 
@@ -159,10 +175,10 @@ def _apply(kind: str, name: str, original: bytes, mutation, root: Path, work: Pa
         rows = _rows(mutation.data) if mutation.crafted else entry["rows"]
         entry.update(sha256=new_sha, rows=rows)
         _replace(manifest, json.dumps(record, indent=2).encode())
-        return _run_problem(work / run, record["shard_files"])
+        return _run_problem(work / run, record["shard_files"], record["run_id"])
     if kind == "run manifest":
         _replace(work / path, mutation.data)
-        return json_problem(mutation.data, original, ("shard_files",), may_lack=True)
+        return run_manifest_problem(mutation.data, original, json.loads(original)["run_id"])
     repo = REPO if "rollouts" in name else ENV_REPO
     in_repo = Path(*path.parts[6:])  # hub/datasets/org/name/snapshots/<id>/...
     files = {str(in_repo): mutation.data}
@@ -175,9 +191,10 @@ def _apply(kind: str, name: str, original: bytes, mutation, root: Path, work: Pa
         files[str(index_path)] = json.dumps(index).encode()
         shards = {f: (root / path).parent.joinpath(f).read_bytes() for f in index["shards"]}
         shards[in_repo.name] = mutation.data
-        problem = _shards_problem(shards, index["shards"])
+        pushed = json.loads((root / path).parent.parent.joinpath(f"manifest-{WORKER}.json").read_text())
+        problem = _shards_problem(shards, index["shards"], pushed["run_id"])
     elif kind == "index.json":
-        problem = json_problem(mutation.data, original, ("shards",))
+        problem = index_problem(mutation.data, original)
     elif kind == "hubgym.json":
         problem = json_problem(mutation.data, original, ("verifier.path", "verifier.sha256"))
     elif kind == "verifier.py":
@@ -201,17 +218,17 @@ def _rows(data: bytes) -> int | None:
         return None
 
 
-def _run_problem(run: Path, records: dict[str, dict]) -> str | None:
-    return _shards_problem({f: (run / "shards" / f).read_bytes() for f in records}, records)
+def _run_problem(run: Path, records: dict[str, dict], run_id: str) -> str | None:
+    return _shards_problem({f: (run / "shards" / f).read_bytes() for f in records}, records, run_id)
 
 
-def _shards_problem(shards: dict[str, bytes], records: dict[str, dict]) -> str | None:
+def _shards_problem(shards: dict[str, bytes], records: dict[str, dict], run_id: str) -> str | None:
     """The oracle's verdict on one run's shards together (a rollout id may repeat across them)."""
     from hubgym.schemas.rollouts import ROLLOUT_SCHEMA
 
     seen: set[str] = set()
     for name, data in sorted(shards.items()):
-        problem = shard_problem(data, ROLLOUT_SCHEMA, records[name]["rows"], seen)
+        problem = shard_problem(data, ROLLOUT_SCHEMA, records[name]["rows"], seen, run_id)
         if problem:
             return f"{name}: {problem}"
     return None
@@ -306,9 +323,10 @@ def worker(seed: int, start: int, stop: int, root: Path, results: Path) -> None:
 
 
 def fuzz(seed: int, mutants: int, root: Path, out: Path, *, timeout: float = 120.0, first: int = 0,
-         progress: bool = False) -> list[dict[str, Any]]:
+         progress: bool = False, values: bool = False) -> list[dict[str, Any]]:
     """Run mutants first..first+mutants-1 in child processes (a new one after a child dies); every outcome."""
     build_corpus(root)
+    values_only(values)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     results.unlink(missing_ok=True)
@@ -397,7 +415,8 @@ def _child(seed: int, start: int, stop: int, root: Path, results: Path, out: Pat
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(out / "hf"), "HUBGYM_CACHE": str(out / "cache"),
            "TOKENIZERS_PARALLELISM": "false", "COLUMNS": "200"}
     return subprocess.Popen([sys.executable, __file__, "--worker", "--seed", str(seed), "--first", str(start),
-                             "--mutants", str(stop - start), "--corpus", str(root), "--out", str(out)],
+                             "--mutants", str(stop - start), "--corpus", str(root), "--out", str(out),
+                             *(["--values"] if _VALUES else [])],
                             stdout=log, stderr=subprocess.STDOUT, env=env,
                             start_new_session=True)  # a signal to the caller's process group is not the child's
 
@@ -461,8 +480,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="outcomes.jsonl (every mutant), summary.json and the children's log")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds a mutant may take")
     parser.add_argument("--save", type=Path, help="with --only: leave the mutated copy in this folder")
+    parser.add_argument("--values", action="store_true", help="every mutant a value mutation of a shard")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    values_only(args.values)
     root = (args.corpus or args.out / "corpus").resolve()
     if args.worker:
         worker(args.seed, args.first, args.first + args.mutants, root, args.out.resolve() / "results.jsonl")
@@ -475,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `kill` runs the cleanup: the child goes too
     first, count = (args.only, 1) if args.only is not None else (args.first, args.mutants)
-    outcomes = fuzz(args.seed, count, root, args.out.resolve(), timeout=args.timeout, first=first, progress=True)
+    outcomes = fuzz(args.seed, count, root, args.out.resolve(), timeout=args.timeout, first=first, progress=True,
+                    values=args.values)
     from rich.console import Console
 
     console = Console(width=None if sys.stdout.isatty() else 160)  # a log file gets the table unwrapped

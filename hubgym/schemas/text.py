@@ -1,4 +1,4 @@
-"""Text from stored data, made safe to print on a terminal.
+"""Text from stored data, made safe to print on a terminal or draw in a plot.
 
     plain("\\x1b[31mred")     # '\\\\x1b[31mred': the escape byte shown, never sent to the terminal
 
