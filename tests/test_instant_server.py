@@ -182,4 +182,4 @@ def test_a_model_hubgym_makes_is_named_in_python_as_on_the_command_line(server, 
                           sampling=SamplingArgs(max_tokens=64))
     summary = run_rollouts(named, progress=False)
     assert summary.written == 2 and server.model != "tiny"
-    assert summary.run_id == dataclasses.replace(named, model=server.model).run_id() != named.run_id()
+    assert summary.run_id == dataclasses.replace(named, model=server.model).run_id() == named.run_id()

@@ -33,6 +33,20 @@ def test_set_values_reach_the_config_typed_and_nested():
     assert with_options(BASE, ["vllm.dtype=bfloat16"]).run_id() != BASE.run_id()  # what it samples with is
 
 
+def test_python_and_the_command_line_default_to_one_context_and_so_one_run_id(tiny_model):
+    """No max_model_len is the model's own context, as `hubgym rollout` defaults it: the same rollout started from
+    Python and from the command line is one run (one id), so either resumes the other."""
+    from hubgym.models import context_length, resolve_model
+
+    folder = resolve_model("tiny")
+    as_the_cli_makes_it = RolloutConfig(envs=["arithmetic"], model=folder, out="runs/r",
+                                        max_model_len=context_length(folder, None))
+    assert BASE.max_model_len is None and BASE.run_id() == as_the_cli_makes_it.run_id()
+    assert dataclasses.replace(BASE, max_model_len=1024).run_id() != BASE.run_id()  # another context: another run
+    served = dataclasses.replace(BASE, engine="openai", base_url="http://127.0.0.1:9/v1")
+    assert served.run_id() == dataclasses.replace(served, max_model_len=4096).run_id()  # a server's: the fallback
+
+
 @pytest.mark.parametrize("item, said", [
     ("concurency=3", "--set concurency: no such rollout option; did you mean 'concurrency'?"),
     ("n=many", "--set n='many': Input should be a valid integer"),

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from hubgym.engines.base import Request, Sample, SamplingArgs
 from hubgym.engines.reaper import engine_process_env
+from hubgym.engines.exit_report import quiet_exit_report
 from hubgym.engines.settings import EngineSettings, compile_cache_env
 from hubgym.engines.vllm_logging import apply_vllm_log_level, vllm_verbose
 from hubgym.errors import EngineError, RequestError
@@ -78,6 +79,7 @@ class VLLMEngine:
         # vLLM's CPU backend otherwise reserves most of the machine's memory for KV cache (GiB; ignored on GPUs).
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
         apply_vllm_log_level()  # before vLLM is imported: its INFO and WARNING lines stay out of hubgym's output
+        quiet_exit_report()  # no page of triton's binding report after a program's own output (exit_report.py)
         import vllm
 
         os.environ.update(compile_cache_env())

@@ -41,7 +41,7 @@ HELP: dict[str, str] = {
     "sampling.max_tokens": "tokens per turn, unless a task's interaction spec says otherwise",
     "sampling.seed": "per-request seeds derive from it, so a run is reproducible",
     "sampling.regex": "constrain every reply to this regular expression (vLLM structured outputs)",
-    "max_model_len": "context length (the CLI's default: the model's own, from its config.json)",
+    "max_model_len": "context length (default: the model's own, from its config.json; a server's: 4096)",
     "policy_version": "the policy version recorded in each row's provenance",
     "shard_index": "this worker's index, for workers started by hand",
     "num_shards": "number of workers splitting the tasks",

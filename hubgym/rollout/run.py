@@ -64,7 +64,7 @@ class RolloutConfig:
     limit: int | None = None  # tasks per env (the first ones of the split)
     split: str = "test"
     sampling: SamplingArgs = field(default_factory=SamplingArgs)
-    max_model_len: int = 1024
+    max_model_len: int | None = None  # context length; None: the model's own, as on the command line (one run id)
     policy_version: int = 0
     shard_index: int = 0
     num_shards: int = 1
@@ -87,7 +87,7 @@ class RolloutConfig:
                     "max_rows_per_shard": 1, "concurrency": 1, "policy_version": 0}
         for name, low in at_least.items():
             value = getattr(self, name)
-            if value is None and name in ("limit", "tasks"):
+            if value is None and name in ("limit", "tasks", "max_model_len"):
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise SettingError(f"{name}={value!r} must be a whole number >= {low}", setting=name)
@@ -108,8 +108,9 @@ class RolloutConfig:
         self.pins = parse_pins(self.pins)  # the one pin rule: `REPO=sha256:<64 hex>`
 
     def run_id(self) -> str:
-        # Where the run is written, how it is split and where the server listens do not change what it samples.
-        keep = {k: v for k, v in asdict(self).items()
+        # Where the run is written, how it is split and where the server listens do not change what it samples;
+        # a model and context named as the command line names them (`local_model_resolved`) are the same run.
+        keep = {k: v for k, v in asdict(local_model_resolved(self)).items()
                 if k not in ("shard_index", "out", "concurrency", "base_url", "hub", "trust", "pins", "flush_every_s")}
         for name, default in (("tool_parser", HERMES), ("reasoning_parser", None), ("chat_template_kwargs", {}),
                               ("vllm", EngineSettings().to_dict())):
@@ -299,13 +300,18 @@ class RunSummary:
 
 
 def local_model_resolved(config: RolloutConfig) -> RolloutConfig:
-    """A model hubgym makes here ('tiny', 'smollm2-135m') named in Python as on the command line: its folder,
-    made or converted on first use. Runs record the folder, so naming the model or its folder is one run."""
-    from hubgym.models import LOCAL_NAMES, resolve_model
+    """A config as the command line makes it: a model hubgym makes here ('tiny', 'smollm2-135m') as its folder
+    (made or converted on first use), and no `max_model_len` as the model's own context (its config.json's
+    max_position_embeddings; a served model's: FALLBACK_CONTEXT). Runs record both, so a run started from Python and
+    the same run from the command line have one run id."""
+    from hubgym.models import FALLBACK_CONTEXT, LOCAL_NAMES, context_length, resolve_model
 
-    if config.model not in LOCAL_NAMES:
-        return config
-    return replace(config, model=resolve_model(config.model, setting="model"))
+    if config.model in LOCAL_NAMES:
+        config = replace(config, model=resolve_model(config.model, setting="model"))
+    if config.max_model_len is None:
+        own = context_length(config.model, None) if config.engine == "vllm" else FALLBACK_CONTEXT
+        config = replace(config, max_model_len=own)
+    return config
 
 
 def run_rollouts(config: RolloutConfig, engine: Engine | None = None, progress: bool = True,
