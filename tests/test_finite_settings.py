@@ -170,3 +170,43 @@ def test_offline_data_with_nothing_to_train_on_is_one_line(tiny_model, tmp_path)
                            "offline.steps=1", "--set", "eval.limit=0", "--set", "grpo.n=2", "--set",
                            "envs=[{name: 'reverse_text'}]"])
     assert "hold no trainable group" in line and "reverse_text" in line, line
+
+
+@pytest.mark.parametrize("make, said", [
+    (lambda path: os.mkfifo(path), "not a regular file (a FIFO would block and a device never end)"),
+    (lambda path: path.write_bytes(b"model: tiny\nseed: \xff\n"), "not UTF-8 text (byte 0xff at 18)"),
+    (lambda path: path.write_bytes(b"x" * (16 << 20) + b"x"), "16,777,217 bytes, past the 16,777,216"),
+    (lambda path: path.mkdir(), "not a regular file"),
+    (lambda path: path.write_text("a: " + "[" * 100_000 + "]" * 100_000), "nested too deep"),
+])
+def test_a_training_config_is_read_only_when_it_is_a_small_regular_text_file(tmp_path, make, said):
+    path = tmp_path / "train.yaml"
+    make(path)
+    line = one_error_line(["train", str(path)])
+    assert f"cannot read training config {path}: {said}" in line, line
+
+
+def test_a_training_config_on_a_device_is_refused_before_it_is_read():
+    line = one_error_line(["train", "/dev/zero"])  # read whole, it would grow without end
+    assert "cannot read training config /dev/zero: not a regular file" in line
+
+
+@pytest.mark.parametrize("args, said", [
+    (["rollout", "arithmetic", "--n", "1000000000000"], "n=1,000,000,000,000 is past the 65,536 hubgym takes"),
+    (["rollout", "arithmetic", "--n", "65537"], "n=65,537 is past the 65,536 hubgym takes"),
+    (["train", "--set", "grpo.n=1000000000000"], "grpo.n=1000000000000 must be <= 65536"),
+    (["train", "--set", "eval.n=65537"], "eval.n=65537 must be <= 65536"),
+    (["eval", "tiny", "arithmetic", "--n", "1000000000000"], "n=1,000,000,000,000 is past the 65,536"),
+])
+def test_counts_past_their_bound_are_refused_up_front_naming_the_bound(args, said):
+    """Before any engine starts: `rollout --n 10^12` once started vLLM and sat silent."""
+    assert said in one_error_line(args)
+
+
+def test_a_rollout_config_refuses_a_count_past_its_bound_however_it_is_made(tmp_path):
+    from hubgym.rollout import RolloutConfig
+
+    with pytest.raises(SettingError, match="n=65,537 is past the 65,536 hubgym takes: the n samples of a task") as bad:
+        RolloutConfig(envs=["arithmetic"], model="tiny", out=str(tmp_path), n=65_537)
+    assert bad.value.setting == "n"
+    assert RolloutConfig(envs=["arithmetic"], model="tiny", out=str(tmp_path), n=65_536).n == 65_536

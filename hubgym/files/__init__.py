@@ -61,10 +61,14 @@ def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
         raise ValueError("no such file") from None
     except OSError as exc:
         raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as handle:
+    try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
+        if not stat.S_ISREG(info.st_mode):  # a folder opens too
             raise ValueError("not a regular file (a FIFO would block and a device never end)")
+    except BaseException:
+        os.close(fd)
+        raise
+    with os.fdopen(fd, "rb") as handle:
         data = handle.read(limit + 1)  # at most one byte past the bound, whatever the file grew to since
     if len(data) > limit:
         raise ValueError(f"{max(info.st_size, len(data)):,} bytes, past the {limit:,} a config file may hold")

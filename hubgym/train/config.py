@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hubgym.engines.settings import DTYPES, EngineSettings
 from hubgym.errors import HubgymError
+from hubgym.files import read_config_text
 from hubgym.mixture.spec import MixEntry
 from hubgym.score.select import Selection
 
@@ -145,7 +146,7 @@ class Sampling(Section):
 
 
 class Grpo(Section):
-    n: int = Field(8, ge=2, description="samples per task (group size)")
+    n: int = Field(8, ge=2, le=65_536, description="samples per task (group size; at most 65,536, as `rollout --n`)")
     advantage: Literal["grpo", "dr_grpo"] = Field("grpo", description="grpo: (r-mean)/std; dr_grpo: r-mean "
                                                   "(loss.variant dr_grpo implies dr_grpo)")
     zero_variance: Literal["drop", "downweight", "keep"] = Field("drop",
@@ -238,7 +239,7 @@ class Eval(Section):
     every: int = Field(0, ge=0, description="evaluate every K steps (0 = only before and after training)")
     split: str = Field("test", description="held-out split")
     limit: int = Field(32, ge=0, description="tasks per env (0 = no evaluation)")
-    n: int = Field(4, ge=1, description="samples per task (pass@k uses them)")
+    n: int = Field(4, ge=1, le=65_536, description="samples per task (pass@k uses them; at most 65,536)")
     temperature: float = Field(1.0, ge=0, description="sampling temperature of evaluation rollouts")
 
 
@@ -401,10 +402,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None and not Path(path).exists() and str(path) in shipped_configs():
         path = shipped_configs()[str(path)]
     if path is not None:
-        try:
-            data = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"cannot read training config {path}: {exc}") from None
+        try:  # a small regular file of UTF-8 text: a FIFO, /dev/zero or a dataset given by mistake is one line
+            data = yaml.safe_load(read_config_text(path)) or {}
+        except (ValueError, yaml.YAMLError, RecursionError) as exc:
+            problem = "nested too deep" if isinstance(exc, RecursionError) else str(exc).splitlines()[0][:300]
+            raise ConfigError(f"cannot read training config {path}: {problem}; give a YAML file of settings (see "
+                              f"`hubgym train --options`)") from None
         if not isinstance(data, dict):
             raise ConfigError(f"{path}: the top level must be a mapping of options, got {type(data).__name__}")
     for item in overrides or []:
