@@ -120,21 +120,18 @@ def test_tool_use_tools_are_methods_that_run_hubgym_tools_and_shape_the_reward()
 # -- TRL's own trainer ---------------------------------------------------------------------------------------------
 
 def recorder(env, seen: list):
-    """A weight-0 reward function that keeps, per step, what hubgym's verifier must score: each completion (for
-    multi_turn, the trajectory the environment recorded) with its task."""
+    """A weight-0 reward function that keeps, per step, what hubgym's verifier must score: each task (as TRL plays
+    it: a multi_turn one through `act`) with TRL's completion in hubgym's messages."""
 
     def record(prompts, completions, hubgym_task, environments=None, **_):
-        if environments and env.verifier.multi_turn:
-            trajectories = [list(e.trajectory) for e in environments]
-        else:
-            trajectories = [from_trl_completion(c) for c in completions]
-        seen.append([(json.loads(t), traj) for t, traj in zip(hubgym_task, trajectories)])
+        seen.append([(played_through_act(json.loads(t)), from_trl_completion(c))
+                     for t, c in zip(hubgym_task, completions)])
         return [0.0] * len(completions)
 
     return record
 
 
-def run_trl(env, model, tokenizer, tmp_path, generation_kwargs=None):
+def run_trl(env, model, tokenizer, tmp_path, generation_kwargs=None, max_tokens=48):
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
@@ -148,8 +145,8 @@ def run_trl(env, model, tokenizer, tmp_path, generation_kwargs=None):
     kwargs = env.trainer_kwargs()
     kwargs["reward_funcs"] = kwargs["reward_funcs"] + [recorder(env, seen)]
     args = GRPOConfig(output_dir=str(tmp_path / "trl"), max_steps=2, per_device_train_batch_size=4, num_generations=4,
-                      max_completion_length=48, learning_rate=1e-3, logging_steps=1, report_to="none", use_cpu=True,
-                      seed=0, reward_weights=env.reward_weights + [0.0], save_strategy="no", bf16=False,
+                      max_completion_length=max_tokens, learning_rate=1e-3, logging_steps=1, report_to="none",
+                      use_cpu=True, seed=0, reward_weights=env.reward_weights + [0.0], save_strategy="no", bf16=False,
                       max_tool_calling_iterations=3, disable_tqdm=True,
                       generation_kwargs=generation_kwargs)
     trainer = GRPOTrainer(str(model), args=args, processing_class=tokenizer, callbacks=[KeepLogs()], **kwargs)
@@ -187,9 +184,10 @@ def test_trl_grpo_plays_a_multi_turn_env_through_act_with_hubgym_rewards(tiny_mo
 
     env = trl_env("wordle", split="train", limit=4)
     tokenizer = tool_parsing_tokenizer(AutoTokenizer.from_pretrained(tiny_model, padding_side="left"))
-    logs, seen = run_trl(env, tiny_model, tokenizer, tmp_path, generation_kwargs=steer_to_act(tokenizer))
+    logs, seen = run_trl(env, tiny_model, tokenizer, tmp_path, generation_kwargs=steer_to_act(tokenizer),
+                         max_tokens=160)  # room for the act call, its result and the next turn
     assert_logged_rewards_are_hubgym_scores(env, logs, seen)
-    played = [traj for batch in seen for _, traj in batch]
+    played = [env_view(env.verifier, task, completion) for batch in seen for task, completion in batch]
     assert all(traj[0] == assistant(f"<guess>{GUESS}</guess>") for traj in played)  # act was called: games played
     assert any(log["rewards/steps/mean"] > 0 for log in logs)  # and earned step rewards
 
@@ -216,3 +214,14 @@ def test_a_hermes_template_gets_a_tool_call_parser_trl_can_use(tiny_model):
     parsed = tokenizer.parse_response(ids, prefix=prompt["input_ids"] if isinstance(prompt, dict) else prompt)
     assert parsed["tool_calls"][0]["function"] == {"name": "act", "arguments": {"action": "<guess>slate</guess>"}}
     assert from_trl_completion([parsed])[0]["tool_calls"][0]["arguments"] == '{"action": "<guess>slate</guess>"}'
+
+
+@pytest.mark.slow
+def test_a_template_that_writes_no_tool_calls_is_returned_as_it_is(smollm2_tokenizer):
+    """SmolLM2's ChatML template has no tool calls: single_turn envs need no parser, so the README's wrapping of
+    every tokenizer works with it (it raised TRL's 'Unrecognized chat template' before)."""
+    from hubgym.integrations.trl import tool_parsing_tokenizer
+
+    template = smollm2_tokenizer.chat_template
+    assert tool_parsing_tokenizer(smollm2_tokenizer) is smollm2_tokenizer
+    assert smollm2_tokenizer.chat_template == template and getattr(smollm2_tokenizer, "response_template", None) is None
