@@ -222,6 +222,67 @@ def test_two_runs_side_by_side_on_the_same_tasks(page, site, runs):
 
 
 @pytest.mark.slow
+def test_rollouts_sort_by_reward_length_and_turns_each_with_a_one_line_preview(page, site, runs):
+    rows = list(iter_rollouts(runs.wordle_a))
+    by_id = {r["rollout_id"]: r for r in rows}
+    page.goto(f"{site}/run/0/rollouts")
+    for key, column, value in (("reward", "td.reward", lambda r: r["reward"]),
+                               ("tokens", "td.tokens", lambda r: sum(r["completion_mask"])),
+                               ("turns", "td.turns", lambda r: r["num_turns"])):
+        page.click(f"a.sort-{key}")  # first click: largest first (rewards are shown to 3 places: 6e-4 below)
+        assert f"sort=-{key}" in page.url and page.locator(f"a.sort-{key}").inner_text().endswith("\u2193")
+        expected = sorted((value(r) for r in rows), reverse=True)[:PAGE_ROWS]
+        assert [float(v) for v in cells(page, f"table.rollouts {column}")] == pytest.approx(expected, abs=6e-4)
+        page.click(f"a.sort-{key}")  # again: smallest first
+        expected = sorted(value(r) for r in rows)[:PAGE_ROWS]
+        assert [float(v) for v in cells(page, f"table.rollouts {column}")] == pytest.approx(expected, abs=6e-4)
+    page.click("a.next")  # paging keeps the order asked for
+    assert "sort=turns" in page.url and "page=1" in page.url
+    for line in page.locator("table.rollouts tr.rollout-row").all():
+        row = by_id[line.locator("td").first.inner_text()]
+        reply = next(m for m in reversed(row["completion"]) if m["role"] == "assistant")
+        assert line.locator("td.preview").inner_text() == " ".join((reply["content"] or "").split())[:100]
+        assert line.locator("td.tokens").inner_text() == str(sum(row["completion_mask"]))
+
+
+@pytest.mark.slow
+def test_a_trajectory_shows_its_tasks_info_and_shades_each_model_token_by_its_probability(page, site, store):
+    import json
+
+    from hubgym.viewer.trajectory import level_of
+
+    rollout_id = store.runs[0].index["rollout_id"][0]
+    row = store.row(0, rollout_id)
+    page.goto(f"{site}/run/0/rollout/{rollout_id}")
+    assert json.loads(page.locator("pre.info").inner_text()) == row["info"] and row["info"]["secret"]
+    tokens = page.locator(".tokens .tok")
+    for k, (mask, lp) in enumerate(zip(row["completion_mask"], row["completion_logprobs"])):
+        classes = tokens.nth(k).get_attribute("class").split()
+        assert ("model" in classes) == bool(mask) and ("env" in classes) == (not mask)
+        assert [c for c in classes if c.startswith("lp")] == ([f"lp{level_of(lp)}"] if mask else [])
+    style = "e => { const s = getComputedStyle(e); return [s.backgroundColor, s.outlineStyle, s.fontStyle]; }"
+    scale = [page.locator(f"p.scale .tok.lp{level}").evaluate(style)[0] for level in range(8)]
+    assert len(set(scale)) == 8  # every level its own colour, seen without hovering
+    env_look = page.locator(".tokens .tok.env").first.evaluate(style)
+    model_look = page.locator(".tokens .tok.model").first.evaluate(style)
+    assert env_look[1:] == ["dashed", "italic"] and model_look[1:] == ["none", "normal"]
+
+
+@pytest.mark.slow
+def test_any_two_runs_are_compared_from_the_picker(page, site, runs):
+    page.goto(site)
+    page.click("nav a.compare-link")
+    page.select_option("form.picker select[name=a]", "1")
+    page.select_option("form.picker select[name=b]", "2")
+    page.click("form.picker button")
+    assert page.url.endswith("/compare?a=1&b=2")
+    assert page.locator("h2").first.inner_text() == f"{runs.wordle_b.name} vs {runs.rescored.name}"
+    assert page.locator("form.picker select[name=a]").input_value() == "1"  # the picker shows the pair compared
+    tasks = set(rows_of(runs.wordle_b)["task_id"]) & set(rows_of(runs.rescored)["task_id"])
+    assert page.locator("tr.compare-row").count() == min(len(tasks), PAGE_ROWS) > 0
+
+
+@pytest.mark.slow
 def test_stored_html_is_shown_as_text_and_never_runs(page, site, store):
     rollout_id = store.runs[4].index["rollout_id"][0]
     response = page.goto(f"{site}/run/4/rollout/{rollout_id}")

@@ -89,6 +89,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         self.stored = self.writer.existing_ids()
         self.context = run_context(trainer, env, run_id)
         self.rows_written, self.batches, self.last_step, self.error = 0, 0, 0, None
+        self.write_s = 0.0  # seconds spent building and writing rows (off the step's path with a background thread)
         self._at_step: tuple[int, int] = (-1, 0)  # (global step, batches generated at it so far)
         self._calls: list[GenerateCall] = []
         self._generation: dict[str, Any] | None = None
@@ -190,6 +191,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
                 self._queue.task_done()
 
     def _store(self, batch: GenerationBatch) -> None:
+        started = time.perf_counter()
         rows = [r for r in batch_rows(batch, self.context) if r["rollout_id"] not in self.stored]
         groups: dict[str, list] = {}
         for row in rows:
@@ -201,6 +203,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         self.stored.update(r["rollout_id"] for r in rows)
         self.rows_written += len(rows)
         self.batches += 1
+        self.write_s += time.perf_counter() - started
 
     def close(self) -> None:
         """Write what is queued and the manifest, give the run folder back and unwrap the trainer (idempotent).

@@ -1,9 +1,10 @@
 """The pages of `hubgym view`: a Starlette app over a RunStore, rendered by Jinja2 with autoescape on.
 
     /                                   every run: per-env table and reward histograms
-    /run/{run}/rollouts?env=&...&page=  a run's rollouts, filtered, one page at a time
+    /run/{run}/rollouts?env=&...&sort=&page=  a run's rollouts, filtered and sorted, one page at a time
     /run/{run}/rollout/{rollout_id}     one trajectory: messages, tool calls, step rewards, components, tokens
-    /compare?a=0&b=1&page=              two runs on the tasks both sampled, largest reward difference first
+    /compare?a=0&b=1&page=              two runs (any two, from a picker) on the tasks both sampled, largest
+                                        reward difference first
     /compare/task?a=0&b=1&env=&task=    one task's first sample in each run, side by side
 
 Stored data is untrusted: every value reaches the page through an autoescaping template (no `|safe` on data), and
@@ -97,7 +98,7 @@ def make_app(store: RunStore, decode: trajectory.Decode | None = None, page_rows
             return missing(f"rollout {request.path_params['rollout_id']} in run {store.runs[i].label}")
         return render("rollout.html", i=i, run=store.runs[i], row=row, messages=trajectory.messages(row),
                       components=trajectory.components(row), tokens=trajectory.tokens(row, decode),
-                      decoded=decode is not None)
+                      decoded=decode is not None, info=trajectory.info_text(row), scale=trajectory.SCALE)
 
     async def compare(request: Request) -> Response:
         a, b = run_of(request, "a"), run_of(request, "b")

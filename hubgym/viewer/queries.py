@@ -13,6 +13,9 @@ from typing import Any
 import polars as pl
 
 PAGE_ROWS = 50
+SORTS = {"reward": "reward", "tokens": "tokens", "turns": "num_turns"}
+"""What a run's rollouts sort by (`sort=reward`, or `sort=-reward` for largest first): the reward, the model tokens
+sampled (a reply's length) and the turns."""
 HIST_BINS = 10
 CHANGED_BY = 1e-9  # a re-scored reward differs from the stored one by more than this
 
@@ -28,6 +31,7 @@ class Filters:
     truncated: bool | None = None
     error: bool | None = None
     changed: bool | None = None  # re-scored runs: the new reward differs from the stored one
+    sort: str | None = None  # a key of SORTS, "-" before it for largest first (None: the order stored)
 
     @classmethod
     def from_query(cls, query: dict[str, str]) -> "Filters":
@@ -35,7 +39,7 @@ class Filters:
         return cls(env=query.get("env") or None, min_reward=_number(query.get("min_reward")),
                    max_reward=_number(query.get("max_reward")), finish_reason=query.get("finish_reason") or None,
                    truncated=_flag(query.get("truncated")), error=_flag(query.get("error")),
-                   changed=_flag(query.get("changed")))
+                   changed=_flag(query.get("changed")), sort=_sort(query.get("sort")))
 
     def query(self) -> dict[str, str]:
         """The query string that gives these filters back (for paging links)."""
@@ -52,6 +56,10 @@ def _number(text: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and math.isfinite(value) else None
+
+
+def _sort(text: str | None) -> str | None:
+    return text if text and text.removeprefix("-") in SORTS else None
 
 
 def _flag(text: str | None) -> bool | None:
@@ -85,8 +93,16 @@ def apply_filters(index: pl.DataFrame, f: Filters) -> pl.DataFrame:
 def page(index: pl.DataFrame, f: Filters, number: int,
          size: int = PAGE_ROWS) -> tuple[list[dict[str, Any]], int, int]:
     """(the rows of page `number` (from 0) of `size` rows, how many rows match, how many pages)."""
-    matching = apply_filters(index, f)
+    matching = sorted_by(apply_filters(index, f), f.sort)
     return _slice(matching, number, size)
+
+
+def sorted_by(frame: pl.DataFrame, sort: str | None) -> pl.DataFrame:
+    """The rows in `sort` order (ties and rows without a value keep the order stored, the latter last)."""
+    column = SORTS.get((sort or "").removeprefix("-"))
+    if column is None or column not in frame.columns:
+        return frame
+    return frame.sort(column, descending=sort.startswith("-"), nulls_last=True, maintain_order=True)
 
 
 def _slice(frame: pl.DataFrame, number: int, size: int) -> tuple[list[dict[str, Any]], int, int]:

@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 
 from hubgym.hub.rollout_reader import decode_row, shard_sources, verified_shards
 from hubgym.hub.shards import LoadedShard, ShardSource, load_shard
+from hubgym.viewer.columns import model_tokens, previews
 
 SMALL_COLUMNS = ["rollout_id", "task_id", "env", "sample", "reward", "finish_reason", "truncated", "num_turns"]
 RESCORED_COLUMNS = ["rescore_reward"]
@@ -35,7 +36,8 @@ class Run:
 
     label: str
     shards: list[ShardSource]
-    index: pl.DataFrame  # SMALL_COLUMNS + error (type or null) + shard, offset [+ rescore_reward, rescore_error]
+    index: pl.DataFrame  # SMALL_COLUMNS + error (type or null) + tokens, preview (columns.py) + shard, offset
+    #                      [+ rescore_reward, rescore_error]
 
     @property
     def rescored(self) -> bool:
@@ -102,11 +104,15 @@ def _small_columns(loaded: LoadedShard, shard: int) -> pl.DataFrame:
         names = batch.schema.names
         columns = {name: batch.column(name) for name in SMALL_COLUMNS}
         columns["error"] = _error_type(batch.column("error"))
+        columns["tokens"] = model_tokens(batch.column("completion_mask"))  # a reply's length, to sort by
+        columns["preview"] = previews(batch.column("completion"))  # its last reply, one line
         if "rescore_reward" in names:
             columns["rescore_reward"] = batch.column("rescore_reward")
             columns["rescore_error"] = _error_type(batch.column("rescore_error"))
         tables.append(pa.table(columns))
-    table = pa.concat_tables(tables) if tables else pa.table({name: [] for name in SMALL_COLUMNS})
+    empty = {**{name: [] for name in SMALL_COLUMNS}, "tokens": pa.array([], pa.int64()),
+             "preview": pa.array([], pa.string())}
+    table = pa.concat_tables(tables) if tables else pa.table(empty)
     # `take` copies: the selected columns would otherwise be slices of the shard's buffer and keep all of it alive
     table = table.take(pa.array(range(table.num_rows), pa.int64()))
     frame = pl.DataFrame(pl.from_arrow(table))

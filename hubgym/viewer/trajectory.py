@@ -1,5 +1,6 @@
-"""One stored rollout as the trajectory page shows it: messages with their tool calls and step rewards, reward
-components (stored, and re-scored where the run was), and the token record, model tokens told from env/tool ones.
+"""One stored rollout as the trajectory page shows it: messages with their tool calls and step rewards, the task's
+`info`, reward components (stored, and re-scored where the run was), and the token record, model tokens told from
+env/tool ones and shaded by their probability (SCALE).
 
 Everything comes from the row, which is untrusted: values are only read and passed to the template (which escapes
 them); tool-call arguments are shown as text, pretty-printed when they are JSON.
@@ -37,6 +38,38 @@ class Token:
     id: int
     model: bool  # sampled by the model (mask 1); else a tool/env token
     logprob: float | None
+    level: int | None = None  # where its probability falls on SCALE (0: likeliest); None: no logprob
+
+
+@dataclass(frozen=True)
+class Level:
+    level: int
+    label: str
+    floor: float  # the least probability of this level
+
+
+SCALE = tuple(Level(i, label, floor) for i, (label, floor) in enumerate((
+    ("p >= 0.9", 0.9), ("0.7", 0.7), ("0.5", 0.5), ("0.3", 0.3), ("0.1", 0.1), ("0.03", 0.03), ("0.01", 0.01),
+    ("p < 0.01", 0.0))))
+"""The colour scale of a token's probability exp(logprob), readable without hovering: eight levels, each a class
+(`lp0`..`lp7`) the stylesheet colours (a page whose policy allows no inline style can still shade every token)."""
+
+
+def level_of(logprob: float | None) -> int | None:
+    """The SCALE level of a logprob (None when there is none)."""
+    if logprob is None:
+        return None
+    p = math.exp(min(logprob, 0.0))
+    return next(s.level for s in SCALE if p >= s.floor)
+
+
+def info_text(row: dict[str, Any]) -> str:
+    """The task's `info` (the expected answer, the hidden word...: what the verifier scored against), as JSON."""
+    info = row.get("info")
+    try:
+        return json.dumps(info, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):  # a hand-made shard: keys that do not sort (mixed types)
+        return json.dumps(info, indent=2, ensure_ascii=False, default=str)
 
 
 @dataclass(frozen=True)
@@ -104,7 +137,7 @@ def tokens(row: dict[str, Any], decode: Decode | None) -> list[Token]:
         model = bool(mask[i]) if i < len(mask) else True
         lp = logprobs[i] if i < len(logprobs) and model else None
         lp = lp if lp is not None and math.isfinite(lp) else None
-        out.append(Token(decode(token_id) if decode else f"[{token_id}]", int(token_id), model, lp))
+        out.append(Token(decode(token_id) if decode else f"[{token_id}]", int(token_id), model, lp, level_of(lp)))
     return out
 
 
