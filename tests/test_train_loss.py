@@ -475,3 +475,36 @@ def test_the_loss_backward_holds_at_most_four_float32_token_by_vocab_tensors_at_
     peak = float(subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True,
                                 check=True).stdout)
     assert peak < 4.5, f"backward peaked at {peak:.2f} (N, V) float32 tensors above the logits"
+
+
+@pytest.mark.parametrize("variant, expected", [
+    # sequence 0 (grpo) as above; sequence 1 (sft): -logp of its one token, -(-0.3), aggregated alike
+    ("grpo", ((L00 + L01) / 2 + 0.3 / 1) / 2),
+    ("dapo", (L00 + L01 + 0.3) / 3),
+    ("dr_grpo", (L00 + L01 + 0.3) / (2 * 8)),
+])
+def test_an_sft_sequence_adds_its_negative_log_likelihood_beside_the_policy_gradient(variant, expected):
+    mixed = replace(batch(MASK, MU, ADV), sft=torch.tensor([False, True]))
+    logp = LOGP.clone().requires_grad_(True)
+    loss, metrics = loss_fn(logp, mixed, LossSettings(variant=variant, dr_grpo_length=8))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
+    # The sft token's gradient is -1 x its share of the divisor, whatever its advantage, ratio or behaviour logprob.
+    share = {"grpo": 1 / (1 * 2), "dapo": 1 / 3, "dr_grpo": 1 / (2 * 8)}[variant]
+    assert logp.grad[1, 0].item() == pytest.approx(-share, rel=1e-5)
+    assert metrics["policy/tokens"] == 2.0 and metrics["sft/tokens"] == 1.0
+    assert metrics["sft/nll"] == pytest.approx(0.3, rel=1e-5)
+    assert metrics["policy/is_ratio_mean"] == pytest.approx((R[0] + R[1]) / 2, rel=1e-5)  # the grpo tokens only
+
+
+def test_packed_sft_and_grpo_groups_keep_their_objectives_and_rows_without_logprobs_train():
+    def row(i: int, logprobs: list[float]) -> dict:
+        return {"rollout_id": f"r{i}", "prompt_ids": [1, 2], "completion_ids": [3, 4], "completion_mask": [1, 1],
+                "completion_logprobs": logprobs}
+    stored = Group("e", "g1", [row(0, [])], [0.0], objective="sft")  # an imported row: no behaviour logprobs
+    fresh = Group("e", "g2", [row(1, [-0.5, -0.5]), row(2, [-0.5, -0.5])], [1.0, -1.0])
+    (micro,), = pack_step([stored, fresh], max_tokens=64)
+    flags = dict(zip(micro.rollout_ids, micro.sft.tolist()))
+    assert flags == {"r0": True, "r1": False, "r2": False}
+    assert micro.sequence_index is None or micro.position_ids is None  # one sequence a row here: row i = sequence i
+    assert micro.old_logprobs[micro.rollout_ids.index("r0")].abs().sum() == 0  # zeros where nothing was stored

@@ -130,3 +130,15 @@ def test_rows_without_behaviour_logprobs_train_under_sft_and_are_refused_by_grpo
         train(tiny_model, without_logprobs, tmp_path / "grpo-selected", "offline.select.min_reward=1")
     steps, _ = train(tiny_model, without_logprobs, tmp_path / "sft", "offline.loss=sft")
     assert len(steps) == STEPS and all(r["sft/tokens"] > 0 and r["policy/skipped"] == 0 for r in steps)
+
+
+def test_stored_sft_groups_mixed_into_online_steps_train_beside_the_fresh_grpo_ones(tiny_model, stored, tmp_path):
+    """online.offline_fraction with offline.loss sft: each online step trains fresh groups by GRPO and stored ones
+    by likelihood, in the same micro-batches (vLLM samples the fresh ones)."""
+    steps, _ = train(tiny_model, stored, tmp_path / "mixed", "offline.loss=sft", "offline.steps=1",
+                     "online.steps=2", "online.offline_fraction=0.5", "batch.groups_per_step=4",
+                     "grpo.zero_variance=keep", "offline.select.min_reward=1")
+    online = [r for r in steps if r["train/phase"] == 1]
+    assert len(online) == 2 and steps[0]["train/phase"] == 0
+    assert all(r["sft/tokens"] == 2 * 4 for r in online)  # 2 stored groups, their right reply of 4 tokens each
+    assert all(r["policy/tokens"] > 0 for r in online)  # and the fresh rollouts' sampled tokens

@@ -4,11 +4,13 @@
                  random ~0.4M-parameter Qwen2-style model, made here)
     2 envs       build and check every built-in env (the conformance suite)
     3 hub        push the training env to a local hub folder; load it back with `datasets.load_dataset`
-    4 rollouts   sample a "format teacher" with vLLM into Arrow shards (the untrained model, its replies
-                 constrained to the answer format the env asks for); push them to the local hub
+    4 rollouts   sample the untrained model's best-of-n on the train split with vLLM into Arrow shards;
+                 push them to the local hub as a rollout repo
     5 re-score   re-score the pushed rollouts from the hub: stored rewards must equal fresh ones
-    6 train      GRPO on DeepSpeed: offline on the pushed rollouts, then online with weight sync into vLLM
-    7 report     held-out evaluation before and after, tables and PNG plots
+    6 train      on DeepSpeed: offline, SFT on the pushed rollouts' right replies (rejection sampling), then
+                 online GRPO with weight sync into vLLM
+    7 report     held-out evaluation before, after the offline stage and after the online one; tables and
+                 PNG plots
 
 What trains is a `Recipe`: the model, the env config, its shipped training config and the step counts.
 With SmolLM2 the env is `arithmetic:sums` (one-digit sums asked "Reply with just the number."), which the
@@ -16,11 +18,12 @@ pretrained model gets right about a quarter of the time, mostly because it rambl
 GRPO teaches it to answer with the number, measured on held-out sums it never trained on. With the tiny
 model the env is `arithmetic:tiny` (the 25 sums of 0..4): a random model that small learns the answer
 format and the likeliest sums in a minute, not arithmetic.
-The offline data comes from a different behaviour policy than the one trained, as it would from
-another model on the Hub: the same weights with replies constrained to the answer format. Its stored
-logprobs are the constrained sampler's, far above the trained policy's, so the importance ratios start
-below 1 and rise as the offline steps pull the policy toward the teacher; the online steps then raise the
-policy's own reward. The metrics file shows both (policy/is_ratio_mean, policy/entropy).
+The offline data is a rollout dataset made once and learned from: n samples of each training task by
+the untrained model (with the tiny model, its replies constrained to the answer format, which a random
+model never finds by itself), of which the offline stage keeps the right ones (`offline.select.min_reward:
+1`) and fine-tunes on their tokens as stored (`offline.loss: sft`): rejection-sampling fine-tuning. The
+online stage then raises the policy's own reward with GRPO. The report shows the held-out reward after
+each stage.
 """
 
 from __future__ import annotations
@@ -39,26 +42,27 @@ TRAIN_ENV = "arithmetic"
 
 @dataclass(frozen=True)
 class Recipe:
-    """What the main job trains, per model: the env config, the shipped training config, the teacher's format."""
+    """What the main job trains, per model: the env config, the shipped training config, the offline data."""
 
     model: str
     env_config: str  # a config of the arithmetic env
     train_config: str  # a shipped training config (hubgym/train/configs), which holds the model's own values
-    teacher_format: str  # the offline data's behaviour policy: replies constrained to this regular expression
     offline_steps: int
     online_steps: int
-    teacher_tasks: int | None = None  # tasks the teacher samples (None: the whole train split)
+    teacher_format: str | None = None  # the offline data's replies constrained to this regular expression
+    data_tasks: int | None = None  # training tasks the offline data samples (None: the whole train split)
+    offline: tuple[str, ...] = ("offline.loss=sft", "offline.select.min_reward=1")  # how the stored rows train
     overrides: tuple[str, ...] = ()  # on top of the shipped config
     about: str = ""
 
 
 RECIPES = {
-    # 6 online steps and an evaluation before and after only: the whole job, set-up included, in under 20
-    # minutes on 2 cores (measured: 15.5 minutes for the job alone with 8 steps and a third evaluation).
-    "smollm2-135m": Recipe("smollm2-135m", "sums", "smollm2-sums", r"[0-9]{1,2}", offline_steps=2, online_steps=6,
-                           teacher_tasks=32, overrides=("eval.every=0",),
+    # The whole job, set-up included, in under 20 minutes on 2 cores: best-of-8 on the 68 training sums, 2 SFT
+    # steps on the right replies, 4 online GRPO steps, and three evaluations (before, after each stage).
+    "smollm2-135m": Recipe("smollm2-135m", "sums", "smollm2-sums", offline_steps=2, online_steps=4,
+                           overrides=("eval.every=0",),
                            about="SmolLM2-135M-Instruct, pretrained (134.5M parameters), converted from its PyPI GGUF"),
-    "tiny": Recipe("tiny", "tiny", "tiny", r"<answer>[0-9]</answer>", offline_steps=20, online_steps=100,
+    "tiny": Recipe("tiny", "tiny", "tiny", offline_steps=20, online_steps=100, teacher_format=r"<answer>[0-9]</answer>",
                    overrides=("optim.lr=3e-3", "eval.limit=25", "eval.n=4", "log.every=20"),
                    about="the tiny local model (Qwen2-style, ~0.4M parameters, random weights)"),
 }
@@ -85,6 +89,7 @@ class DemoReport:
     stages: dict[str, float] = field(default_factory=dict)  # stage -> seconds
     checks_failed: int = 0
     before: dict[str, float] = field(default_factory=dict)
+    after_offline: dict[str, float] = field(default_factory=dict)
     after: dict[str, float] = field(default_factory=dict)
     plots: list[Path] = field(default_factory=list)
 
@@ -105,11 +110,11 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
         env_ref = _push_env(hub, recipe.env_config, console)
     trainer = _trainer(settings, model, env_ref, hub, console)
     try:
-        with _stage(console, report, "4 rollouts: a format teacher, sampled with vLLM, pushed to the hub"):
+        with _stage(console, report, "4 rollouts: the untrained model's best-of-n with vLLM, pushed to the hub"):
             rollouts_ref = _rollouts(settings, trainer, env_ref, hub, console)
         with _stage(console, report, "5 re-score: the pushed rollouts, streamed back from the hub"):
             report.plots.append(_rescore(rollouts_ref, hub, out, console))
-        with _stage(console, report, "6 train: GRPO on DeepSpeed, offline then online"):
+        with _stage(console, report, "6 train: on DeepSpeed, offline SFT on the right replies, then online GRPO"):
             trainer.cfg.offline.sources = [rollouts_ref]  # the offline steps come with the rollouts they read
             trainer.cfg.offline.steps = _steps(settings.offline_steps, recipe.offline_steps)
             result = trainer.run()
@@ -118,9 +123,10 @@ def run_demo(settings: DemoSettings, console: Console) -> DemoReport:
     with _stage(console, report, "7 report"):
         from hubgym.app.views import before_after_table
 
-        report.before, report.after = result.before, result.after
-        report.plots += [p for p in (result.plot, _eval_plot(result.before, result.after, out / "eval.png")) if p]
-        console.print(before_after_table(result.before, result.after))
+        report.before, report.after_offline, report.after = result.before, result.after_offline, result.after
+        stages = {"before": result.before, "offline": result.after_offline, "after": result.after}
+        report.plots += [p for p in (result.plot, _eval_plot(stages, out / "eval.png")) if p]
+        console.print(before_after_table(result.before, result.after, middle=("after offline", result.after_offline)))
         console.print(Text(f"trained model (loads in vLLM/transformers): {result.model_dir}"))
     console.print(_timings(report))
     for plot in report.plots:
@@ -191,7 +197,7 @@ def _trainer(settings: DemoSettings, model: Path, env_ref: str, hub: Path, conso
     cfg = load_config(recipe.train_config, [f"model={model}", f"output_dir={settings.out / 'train'}",
                                             f"online.steps={_steps(settings.online_steps, recipe.online_steps)}",
                                             f"grpo.n={settings.rollout_n}", "online.push=demo/rollouts",
-                                            *recipe.overrides])
+                                            "eval.after_offline=true", *recipe.offline, *recipe.overrides])
     cfg.envs[0].name = env_ref
     # The demo pushed this verifier itself, from the installed package, a moment ago.
     return Trainer(cfg, console=console, hub=str(hub), trust=True)
@@ -205,7 +211,7 @@ def _rollouts(settings: DemoSettings, trainer, env_ref: str, hub: Path, console:
 
     out = settings.out / "rollouts"
     config = RolloutConfig(envs=[env_ref], model=trainer.model_dir(), out=str(out), n=settings.rollout_n,
-                           limit=settings.recipe.teacher_tasks,
+                           limit=settings.recipe.data_tasks,
                            split="train", sampling=SamplingArgs(max_tokens=trainer.cfg.sampling.max_tokens,
                                                                 regex=settings.recipe.teacher_format),
                            max_model_len=trainer.cfg.online.max_model_len, hub=str(hub), trust=True)
@@ -229,21 +235,27 @@ def _rescore(ref: str, hub: Path, out: Path, console: Console) -> Path:
     return plot_diff(result, out / "rescored" / "rescore.png")
 
 
-def _eval_plot(before: dict[str, float], after: dict[str, float], path: Path) -> Path:
-    """Held-out mean reward and pass@k per env, before and after training, as grouped bars."""
+def _eval_plot(stages: dict[str, dict[str, float]], path: Path) -> Path:
+    """Held-out mean reward and pass@k per env before training, after the offline stage (when evaluated) and after
+    the online one, as grouped bars."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted(k for k in after if k.endswith(("/reward", "/pass@k")))
+    stages = {name: metrics for name, metrics in stages.items() if metrics}
+    keys = sorted(k for k in stages["after"] if k.endswith(("/reward", "/pass@k")))
+    width = 0.8 / len(stages)
     fig, ax = plt.subplots(figsize=(max(4, 1.4 * len(keys) + 2), 3.4))
-    x = range(len(keys))
-    ax.bar([i - 0.2 for i in x], [before.get(k) or 0.0 for k in keys], width=0.4, label="before")
-    ax.bar([i + 0.2 for i in x], [after[k] or 0.0 for k in keys], width=0.4, label="after")
-    ax.set_xticks(list(x), [k.removeprefix("eval/").replace("/", "\n") for k in keys], fontsize=8)
-    ax.set_title("held-out evaluation")
-    ax.legend()
+    for i, (name, metrics) in enumerate(stages.items()):
+        offset = (i - (len(stages) - 1) / 2) * width
+        ax.bar([k + offset for k in range(len(keys))], [metrics.get(key) or 0.0 for key in keys], width=width,
+               label={"before": "before training", "offline": "after offline (SFT)", "after": "after online"}[name])
+    ax.set_xticks(list(range(len(keys))), [k.removeprefix("eval/").replace("/", "\n") for k in keys], fontsize=8)
+    ax.set_ylabel("held-out mean (0-1)")
+    ax.set_ylim(0, 1)
+    ax.set_title("held-out evaluation, by stage")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -259,14 +259,19 @@ def rows_progress(console: Console, verb: str) -> Iterator[Callable[[int, Option
         yield advance
 
 
-def before_after_table(before: dict[str, float], after: dict[str, float]) -> Table:
-    """eval/<env>/<metric> before and after training, one row per env and metric."""
-    table = Table("env", "metric", "before", "after", "change", title="held-out evaluation", box=None)
+def before_after_table(before: dict[str, float], after: dict[str, float],
+                       middle: tuple[str, dict[str, float]] | None = None) -> Table:
+    """eval/<env>/<metric> before and after training, one row per env and metric; `middle`, (title, metrics) of an
+    evaluation between them (after the offline stage), is a column of its own when it holds any."""
+    between = middle if middle and middle[1] else None
+    table = Table("env", "metric", "before", *([between[0]] if between else []), "after", "change",
+                  title="held-out evaluation", box=None)
     for key in sorted(after):
         _, env, metric = key.split("/", 2)
         old, new = before.get(key), after[key]
         change = f"{new - old:+.3f}" if old is not None and new is not None else "-"
-        table.add_row(env, metric, _number(old), _number(new), change)
+        table.add_row(env, metric, _number(old), *([_number(between[1].get(key))] if between else []),
+                      _number(new), change)
     return folded(table)
 
 

@@ -23,12 +23,13 @@ def demo(out: Annotated[Path, typer.Option(help="where everything the job makes 
                                                           "[default: every built-in]")] = None,
          model: Annotated[str, typer.Option(help="smollm2-135m (a pretrained model, converted from its PyPI GGUF) or "
                                                   "tiny (a random 0.4M-parameter model)")] = "smollm2-135m",
-         offline_steps: Annotated[Optional[int], typer.Option(min=0, help="GRPO steps on the stored rollouts "
-                                                              "[default: 2 for smollm2-135m, 20 for tiny]")] = None,
+         offline_steps: Annotated[Optional[int], typer.Option(min=0, help="SFT steps on the stored rollouts' right "
+                                                              "replies [default: 2 for smollm2-135m, 20 for tiny]")]
+         = None,
          online_steps: Annotated[Optional[int], typer.Option(min=0, help="GRPO steps on fresh rollouts "
-                                                             "[default: 6 for smollm2-135m, 100 for tiny]")] = None,
+                                                             "[default: 4 for smollm2-135m, 100 for tiny]")] = None,
          verbose: Verbose = False) -> None:
-    """The main job: model -> envs -> local hub -> vLLM rollouts -> re-score -> GRPO -> report."""
+    """The main job: model -> envs -> local hub -> vLLM rollouts -> re-score -> SFT, then GRPO -> report."""
     from hubgym.engines.vllm_logging import set_verbose
 
     set_verbose(verbose)

@@ -154,7 +154,8 @@ class SelectionPlan:
     def table(self, title: str = "offline selection"):
         from rich.table import Table
 
-        table = Table("rows", "count", title=f"{title}: {self.selection.describe()}", box=None)
+        heading = f"{title}: {self.selection.describe()}"
+        table = Table("rows", "count", title=heading, box=None, min_width=len(heading))  # the rules on one line
         table.add_row("read", str(self.counts["read"]))
         for rule in RULES:
             if self.counts[f"dropped/{rule}"]:

@@ -237,6 +237,8 @@ class Lora(Section):
 
 class Eval(Section):
     every: int = Field(0, ge=0, description="evaluate every K steps (0 = only before and after training)")
+    after_offline: bool = Field(False, description="also evaluate when the offline phase ends, before the first "
+                                "online step: what the stored rollouts alone taught")
     split: str = Field("test", description="held-out split")
     limit: int = Field(32, ge=0, description="tasks per env (0 = no evaluation)")
     n: int = Field(4, ge=1, le=65_536, description="samples per task (pass@k uses them; at most 65,536)")

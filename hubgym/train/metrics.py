@@ -31,7 +31,7 @@ from rich.table import Table
 from hubgym.files import atomic_write_bytes
 
 CONSOLE_KEYS = ("policy/loss", "policy/grad_norm", "policy/clip_frac", "policy/is_ratio_mean", "policy/entropy",
-                "policy/staleness_max", "time/step_s", "time/tokens_per_s")
+                "sft/nll", "policy/staleness_max", "time/step_s", "time/tokens_per_s")
 
 
 class MetricsLog:
@@ -162,26 +162,34 @@ def step_table(step: int, metrics: dict[str, float]) -> Table:
 
 
 def plot_curves(history: list[dict[str, Any]], path: Path) -> Path:
-    """Reward per env (train and eval) and the main policy numbers against the global step."""
+    """Reward per env (train and eval) and the main policy numbers against the global step, with the step where
+    the offline phase hands over to the online one marked on every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     keys = sorted({k for r in history for k in r if k.endswith("/reward") and k.startswith(("env/", "eval/"))})
-    policy = [k for k in ("policy/loss", "policy/grad_norm", "policy/is_ratio_mean", "policy/entropy")
+    policy = [k for k in ("policy/loss", "policy/grad_norm", "policy/is_ratio_mean", "policy/entropy", "sft/nll")
               if any(k in r for r in history)]
     fig, axes = plt.subplots(1 + len(policy), 1, figsize=(7, 2.6 * (1 + len(policy))), squeeze=False)
     for key in keys:
         points = [(r["step"], r[key]) for r in history if r.get(key) is not None]
         axes[0][0].plot(*zip(*points), marker="o" if key.startswith("eval/") else None, markersize=4, label=key)
-    axes[0][0].set_ylabel("mean reward")
+    axes[0][0].set_ylabel("mean reward (0-1)")
+    axes[0][0].set_title("training run: rewards (train rows, held-out eval) and policy numbers", fontsize=9)
     axes[0][0].legend(fontsize=7)
     for ax, key in zip(axes[1:], policy):
         points = [(r["step"], r[key]) for r in history if r.get(key) is not None]
-        ax[0].plot(*zip(*points))
-        ax[0].set_ylabel(key.split("/", 1)[1])
-    axes[-1][0].set_xlabel("global step")
+        ax[0].plot(*zip(*points), marker="." if len(points) < 3 else None)
+        ax[0].set_ylabel(key.split("/", 1)[1] + (" (nats/token)" if key.endswith(("entropy", "nll")) else ""))
+    online = next((r["step"] for r in history if r.get("train/phase") == 1), None)
+    if online is not None and any(r.get("train/phase") == 0 for r in history):
+        for ax in axes[:, 0]:
+            ax.axvline(online - 0.5, color="grey", lw=0.8, ls="--")
+        axes[0][0].text(online - 0.5, 1.0, " offline | online ", ha="center", va="bottom", fontsize=7, color="grey",
+                        transform=axes[0][0].get_xaxis_transform())
+    axes[-1][0].set_xlabel("global step (optimizer steps)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -41,6 +41,7 @@ class TrainResult:
     steps: int
     before: dict[str, float]  # eval metrics before training (empty on a resumed run)
     after: dict[str, float]
+    after_offline: dict[str, float]  # with eval.after_offline: when the offline phase ended (else empty)
     model_dir: Path  # the exported Hugging Face folder
     metrics_file: Path
     plot: Path | None
@@ -172,7 +173,7 @@ class Trainer:
             metrics = self._train(step, groups, rows, started)
             log.log(step, metrics)
             self._stop_unless_finite(step, metrics)
-            if cfg.eval.every and (step + 1) % cfg.eval.every == 0 and step + 1 < cfg.total_steps:
+            if self._evaluation_due(step):
                 self._evaluate(step + 1, log)
             if self._checkpoint_due(step):
                 self._checkpoint(step)
@@ -183,7 +184,8 @@ class Trainer:
         after = self._evaluate(steps, log)
         plot = log.close()
         self.counts.update(self.stream_counts)
-        return TrainResult(steps, before, after, exported, log.path, plot, dict(self.counts))
+        after_offline = log.logged(cfg.offline.steps, "eval/") if self._offline_evaluated() else {}
+        return TrainResult(steps, before, after, after_offline, exported, log.path, plot, dict(self.counts))
 
     def close(self) -> None:
         self.worker.close()
@@ -287,7 +289,7 @@ class Trainer:
             batch.ref_logprobs = self.reference.logprobs(batch)  # the same packed ids as the policy's forward
         stats = self.policy.train_step(mine, make_loss_fn(loss_settings(cfg)))
         seconds = time.perf_counter() - started
-        metrics.update(stats.metrics)
+        metrics.update(without_empty_means(stats.metrics))
         metrics.update({"policy/loss": stats.loss, "policy/grad_norm": stats.grad_norm, "optim/lr": stats.lr,
                         "policy/skipped": float(stats.skipped), "time/step_s": seconds,
                         "time/train_s": stats.seconds, "time/tokens_per_s": stats.tokens / max(stats.seconds, 1e-9),
@@ -464,6 +466,19 @@ class Trainer:
         log.log(step, metrics)
         return metrics
 
+    def _evaluation_due(self, step: int) -> bool:
+        """Whether the held-out split is evaluated after `step` (every `eval.every` steps, and with
+        `eval.after_offline` where the offline phase hands over to the online one); never after the last step,
+        which the run evaluates anyway."""
+        e, done = self.cfg.eval, step + 1
+        if done >= self.cfg.total_steps:
+            return False
+        return bool(e.every and done % e.every == 0) or (done == self.cfg.offline.steps and self._offline_evaluated())
+
+    def _offline_evaluated(self) -> bool:
+        cfg = self.cfg
+        return cfg.eval.after_offline and bool(cfg.eval.limit) and 0 < cfg.offline.steps < cfg.total_steps
+
     def _checkpoint_due(self, step: int) -> bool:
         """Whether the loop saves a checkpoint after `step` (every `checkpoint_every` steps)."""
         return bool(self.cfg.checkpoint_every) and (step + 1) % self.cfg.checkpoint_every == 0
@@ -495,6 +510,15 @@ def vocab_size(module) -> int | None:
                                                             (module.get_output_embeddings(), "out_features"))]
     known = [size for size in sizes if isinstance(size, int)]
     return min(known) if known else None
+
+
+def without_empty_means(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A step's loss metrics without the policy-gradient means when it had no such token (an SFT step): their
+    placeholder values (ratio 1, entropy 0) describe nothing."""
+    if metrics.get("policy/tokens", 1) > 0:
+        return metrics
+    means = ("policy/clip_frac", "policy/is_ratio", "policy/is_capped_frac", "policy/kl", "policy/entropy")
+    return {k: v for k, v in metrics.items() if not k.startswith(means)}
 
 
 def loss_settings(cfg: TrainConfig) -> LossSettings:
