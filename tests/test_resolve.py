@@ -1,28 +1,32 @@
 """Stored data never chooses code: a row's env picks only among verifiers the user chose.
 
-Rows are real Arrow shards written by the real writer, as a hostile rollout repo would hold them: a
-consistent run (hashes, manifest) whose `env` column names a file, a folder, a hub ref, a module path
-or any other value that is not a registered env. Each such value is refused by `hubgym score` and
-`hubgym replay` (CLI and Python) with one line naming the value and the flag that allows it, and the
-named code is never imported (its import would write a marker file). The same file given by the user
-on the command line runs.
+Rows are real Arrow shards as a hostile rollout repo would hold them (written by pyarrow: hubgym's writer stores
+no env that is not an env name): a consistent run (hashes, manifest) whose `env` column names a file, a folder, a
+hub ref, a module path or any other value that is not a registered env. Each such value is refused by `hubgym
+score` and `hubgym replay` (CLI and Python) with one line naming the value and either the flag that allows it or
+the row contract's env-name rule, and the named code is never imported (its import would write a marker file).
+The same file given by the user on the command line runs.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
+import json
 from pathlib import Path
+
+import pyarrow as pa
 
 import pytest
 from typer.testing import CliRunner
 
 from hubgym.envs import build_tasks
 from hubgym.cli import app
-from hubgym.errors import EnvNotFoundError, RescoreError
+from hubgym.errors import EnvNotFoundError, RescoreError, ShardError
 from hubgym.envs import push_env
 from hubgym.envs import open_env, stored_env_verifier
-from hubgym.rollout.writer import ShardWriter
 from hubgym.schemas import assistant
+from hubgym.schemas.tables import rollouts_to_table
 from hubgym.score import rescore
 from hubgym.score.replay import replay
 
@@ -54,18 +58,23 @@ def hostile_values(folder: Path) -> list[str]:
 
 
 def write_run(folder: Path, env_value: str, envs=(("arithmetic", "easy"),), tasks_per_env: int = 2) -> Path:
-    """A consistent run folder of scored single-turn rows whose env column holds `env_value` (first env)."""
-    writer = ShardWriter(folder, "w000of001", max_rows=64)
+    """A consistent run folder of scored single-turn rows whose env column holds `env_value` (first env): one shard
+    written by pyarrow, its sha256 and rows in the manifest, as a hostile repo would hold it."""
+    rows = []
     for index, (env, config) in enumerate(envs):
-        rows = build_tasks(env, config)["test"]
+        tasks = build_tasks(env, config)["test"]
         for t in range(tasks_per_env):
-            task = rows[t]
             name = env_value if index == 0 else env
-            writer.add_group([_row(task, name, f"g{index}{t}", s) for s in range(2)])
-    writer.flush()
-    writer.write_manifest({"run_id": "r", "model": "m", "policy_version": 0, "sampling": {},
-                           "envs": {}, "shard_files": writer.shard_files()})
-    getattr(writer, "close", lambda: None)()
+            rows += [_row(tasks[t], name, f"g{index}{t}", s) for s in range(2)]
+    (folder / "shards").mkdir(parents=True)
+    shard = folder / "shards" / "w000of001-00000.arrow"
+    table = rollouts_to_table(rows)
+    with pa.ipc.new_file(str(shard), table.schema) as writer:
+        writer.write_table(table)
+    record = {"sha256": hashlib.sha256(shard.read_bytes()).hexdigest(), "rows": len(rows)}
+    (folder / "manifest-w000of001.json").write_text(json.dumps(
+        {"run_id": "r", "model": "m", "policy_version": 0, "sampling": {}, "envs": {},
+         "shard_files": {shard.name: record}}))
     return folder
 
 
@@ -103,7 +112,8 @@ def test_score_and_replay_refuse_rows_naming_code_in_one_line(evil, tmp_path, co
         run = write_run(tmp_path / f"run{i}", value)
         result = CliRunner().invoke(app, [command, str(run)])
         assert result.exit_code == 1, (value, result.output)
-        assert "Traceback" not in result.output and "--verifier" in result.output, result.output
+        assert "Traceback" not in result.output, result.output
+        assert "--verifier" in result.output or "breaks rule env-name" in result.output, result.output  # no code
         assert repr(value)[:60] in result.output.replace("\n", ""), (value, result.output)
     assert not marker.exists()
 
@@ -111,6 +121,11 @@ def test_score_and_replay_refuse_rows_naming_code_in_one_line(evil, tmp_path, co
 def test_python_rescore_and_replay_refuse_them_too(evil, tmp_path):
     folder, marker = evil
     run = write_run(tmp_path / "run", str(folder / "verifier.py"))
+    with pytest.raises(ShardError, match="breaks rule env-name"):  # not even an env name: no env is looked up
+        rescore(str(run), workers=1)
+    with pytest.raises(ShardError, match="breaks rule env-name"):
+        replay(str(run))
+    run = write_run(tmp_path / "named", "evil_env")  # an env name that no env has
     with pytest.raises(EnvNotFoundError, match="never chooses"):
         rescore(str(run), workers=1)
     with pytest.raises(EnvNotFoundError, match="never chooses"):

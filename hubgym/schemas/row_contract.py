@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -216,13 +217,17 @@ def _cell(column: str, name: str) -> Callable[[pa.RecordBatch, int], Any]:
     return lambda b, row: (b.column(column)[row].as_py() or {}).get(name)
 
 
+_ENV = re.compile(rf"{ENV_NAME.pattern}(?:-v[1-9][0-9]{{0,8}})?")
+"""An env name, or a versioned env id (`arithmetic-v2`): what a stored row's env may be (envs.stored reads both)."""
+
+
 def _env_name(value: str) -> bool:
-    return ENV_NAME.fullmatch(value) is not None
+    return _ENV.fullmatch(value) is not None
 
 
 ROW_RULES: tuple[Rule, ...] = (
     *(_empty_name(c) for c in ("rollout_id", "run_id", "task_id", "group")),
-    Rule("env-name", "env", f"is an env name ({ENV_NAME_RULE})", ("env",),
+    Rule("env-name", "env", f"is an env name ({ENV_NAME_RULE}), or one with its version (-v<N>)", ("env",),
          lambda b: _strings_not(b.column("env"), _env_name), keeps=lambda r: _none_or(r["env"], _env_name)),
     Rule("sample-index", "sample", "is a sample index >= 0", ("sample",),
          lambda b: _false_on_null(_negative(b.column("sample"))), keeps=lambda r: _none_or(r["sample"], _at_least(0))),

@@ -20,7 +20,7 @@ import pyarrow as pa
 INT32 = 2**31
 KINDS = ("single_turn", "tool_use", "multi_turn")
 BOUNDARIES = ("engine", "tool", "verifier", "parse", "env")
-ENV_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
+ENV_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}(-v[1-9][0-9]{0,8})?")  # a name, or a versioned id
 HOSTILE_STRINGS = ["", "\x1b[31mred\x1b[0m", "../../evil", "a" * 10_000, "\u202eevil", "env-with-dash", "é",
                    "arithmetic", "wordle", "calc_tools", "x\x00y", "\r\n"]
 HOSTILE_INTS = [-1, -(2**31), 2**31 - 1, 0, 1, 7]
