@@ -423,3 +423,30 @@ def test_the_trainers_row_admission_holds_rows_from_any_source_to_the_same_rules
     assert stream.counts["skipped_rows/completion_ids"] == 1 and stream.counts["skipped_rows/task_id"] == 1
     with pytest.raises(BadRowError, match="field 'completion_ids': breaks rule token-ids-in-range"):
         list(GroupStream([source], GroupSettings(n=2, strict=True)))
+
+
+@pytest.mark.parametrize("where", ["schema", "column"])
+def test_schema_metadata_that_is_not_utf8_is_refused_by_every_reader_alike(good, rows, tmp_path, where):
+    """Once refused by push-rollouts alone (it publishes the features), read by the others."""
+    run = forge(good, tmp_path / "run", copy.deepcopy(rows[:4]))
+    shard = sorted((run / "shards").glob("*.arrow"))[0]
+    table = pa.ipc.open_file(str(shard)).read_all()
+    if where == "schema":
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"huggingface": b'{"x": "\xff"}'})
+    else:
+        at = table.schema.get_field_index("env")
+        table = table.set_column(at, table.schema.field(at).with_metadata({b"note": b"\xc3\x28"}), table.column(at))
+    run = forge(good, tmp_path / "forged", table.to_pylist())
+    shard = sorted((run / "shards").glob("*.arrow"))[0]
+    with pa.ipc.new_file(str(shard), table.schema) as writer:  # the forged metadata kept this time
+        writer.write_table(table)
+    manifest = run / "manifest-w000of001.json"
+    record = json.loads(manifest.read_text())
+    record["shard_files"][shard.name]["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    manifest.write_text(json.dumps(record))
+    for reader in ("report", "score", "push-rollouts", "stats", "iter_rollouts", "view"):
+        try:
+            line = READERS[reader](run, tmp_path / reader)
+        except ShardError as exc:
+            line = str(exc)
+        assert "breaks rule schema-metadata: it is UTF-8 text" in line, (reader, line)

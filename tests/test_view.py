@@ -77,15 +77,21 @@ def site(store, tiny_model):
 
 
 @pytest.fixture(scope="module")
-def browser(runs):
-    """Chromium under Playwright's sync API, which keeps an event loop running in this thread until the module
-    ends: the runs (made with asyncio.run) come first, whichever test of the module a worker runs first."""
+def playwright(runs):
+    """Playwright's sync API, which keeps an event loop running in this thread until the module ends: the runs
+    (made with asyncio.run) come first, whichever test of the module a worker runs first."""
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+    with sync_playwright() as driver:
+        yield driver
+
+
+@pytest.fixture(scope="module")
+def browser(playwright):
+    """Chromium under Playwright."""
+    launched = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+    yield launched
+    launched.close()
 
 
 @pytest.fixture
@@ -322,25 +328,22 @@ def test_an_unknown_run_or_rollout_is_a_not_found_page(page, site):
 
 
 @pytest.mark.slow
-def test_a_page_of_another_site_that_rebinds_its_name_to_this_machine_is_refused(runs, site):
+def test_a_page_of_another_site_that_rebinds_its_name_to_this_machine_is_refused(runs, site, playwright):
     """DNS rebinding, in the browser: chromium resolves rebind.example to 127.0.0.1 (as a rebinding DNS server
     would make it), so a page of that site reaches the viewer as its own origin; the viewer answers it with a 400
     that holds none of the stored data, while the same page by a loopback name is served."""
-    from playwright.sync_api import sync_playwright
-
     port = site.rsplit(":", 1)[1]
     rules = "--host-resolver-rules=MAP rebind.example 127.0.0.1"
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_ARGS, rules])
-        try:
-            page = browser.new_page()
-            for path in ("/", "/run/0/rollouts", f"/run/0/rollout/{rows_of(runs.wordle_a)['rollout_id'][0]}"):
-                response = page.goto(f"http://rebind.example:{port}{path}")
-                assert response.status == 400, path
-                assert "is not an address this viewer serves" in page.content() and "wordle" not in page.content()
-            assert page.goto(f"http://localhost:{port}/").status == 200 and "wordle" in page.content()
-        finally:
-            browser.close()
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=[*CHROMIUM_ARGS, rules])
+    try:
+        page = browser.new_page()
+        for path in ("/", "/run/0/rollouts", f"/run/0/rollout/{rows_of(runs.wordle_a)['rollout_id'][0]}"):
+            response = page.goto(f"http://rebind.example:{port}{path}")
+            assert response.status == 400, path
+            assert "is not an address this viewer serves" in page.content() and "wordle" not in page.content()
+        assert page.goto(f"http://localhost:{port}/").status == 200 and "wordle" in page.content()
+    finally:
+        browser.close()
 
 
 # -- the command ----------------------------------------------------------------------------------------------------

@@ -148,6 +148,23 @@ def check_schema(schema: pa.Schema, name: str) -> None:
         raise ShardError(f"shard {name} does not have the rollout schema (missing or mistyped: {', '.join(bad[:8])}"
                          f"{', ...' if len(bad) > 8 else ''}); rollout shards are written by hubgym's ShardWriter",
                          shard=name)
+    _check_metadata(schema, name)
+
+
+def _check_metadata(schema: pa.Schema, name: str) -> None:
+    """The schema's and its columns' metadata (datasets' `huggingface` features, Arrow's extension names) are UTF-8
+    text, as every writer of Arrow writes them: readers drop the metadata before handing batches out, but a push
+    publishes it, so each reader refuses the same shards (rule schema-metadata)."""
+    owners = [(None, schema.metadata)] + [(f.name, f.metadata) for f in schema]
+    for column, metadata in owners:
+        for key, value in (metadata or {}).items():
+            try:
+                key.decode("utf-8"), value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                owner = "the schema" if column is None else f"column {column!r}"
+                raise ShardError(f"shard {name}: the metadata of {owner} breaks rule schema-metadata: it is UTF-8 "
+                                 f"text (key {key[:40]!r} holds byte {exc.object[exc.start]:#04x}); {FIX}", shard=name,
+                                 column=column, rule="schema-metadata") from None
 
 
 def _fetch(source: ShardSource) -> bytes | pa.MemoryMappedFile:

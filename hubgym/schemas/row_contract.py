@@ -430,6 +430,7 @@ def group_mismatch(first: dict[str, Any], row: dict[str, Any]) -> Rule | None:
 STRUCTURE_RULES: tuple[tuple[str, str], ...] = (
     ("valid-arrow", "every column passes Arrow's full validation (offsets, UTF-8, child lengths)"),
     ("rollout-schema", "every rollout column is there, with the rollout schema's type"),
+    ("schema-metadata", "the schema's metadata (datasets' features, extension names) is UTF-8 text"),
     ("not-null", "no null where the writer writes none (ids, messages, token record, provenance, ...)"),
     ("info-json", "`info` is JSON, nested at most 64 deep"),
     ("created-at-range", "created_at is a date between the years 1 and 9999"),
