@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from hubgym.errors import IntegrationError
-from hubgym.integrations.trl import INSTALL, TASK_COLUMN
+from hubgym.integrations.trl_messages import INSTALL, TASK_COLUMN
 from hubgym.integrations.trl_logprobs import GenerateCall, LogprobTap, splice
 from hubgym.integrations.trl_rows import GenerationBatch, RunContext, batch_rows, manifest
 

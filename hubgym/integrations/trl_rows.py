@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hubgym.integrations.trl import TASK_COLUMN, from_trl_completion, played_through_act
+from hubgym.integrations.trl_messages import TASK_COLUMN, from_trl_completion, played_through_act
 from hubgym.schemas.messages import Message, message
 from hubgym.schemas.rollouts import Rollout
 from hubgym.schemas.version import SCHEMA_VERSION
