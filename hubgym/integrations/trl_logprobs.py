@@ -15,6 +15,7 @@ where their tokens sit in the final completion (0.0 at tool and env tokens, as h
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ class LogprobTap:
         self._pending: torch.Tensor | None = None  # (B, V) the last step's log-softmax
         self._handle = None
         self.failed = False
+        self.seconds = 0.0  # spent in the hook: the tap's own cost on the generation's path
 
     def __enter__(self) -> LogprobTap:
         self._handle = self.model.register_forward_hook(self._hook, with_kwargs=True)
@@ -42,6 +44,13 @@ class LogprobTap:
             self._handle.remove()
 
     def _hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        started = time.perf_counter()
+        try:
+            self._read(args, kwargs, output)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+    def _read(self, args: tuple, kwargs: dict, output: Any) -> None:
         logits = getattr(output, "logits", None)
         ids = kwargs.get("input_ids", args[0] if args else None)
         if logits is None or ids is None or self.failed:

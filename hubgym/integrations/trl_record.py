@@ -90,6 +90,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         self.context = run_context(trainer, env, run_id)
         self.rows_written, self.batches, self.last_step, self.error = 0, 0, 0, None
         self.write_s = 0.0  # seconds spent building and writing rows (off the step's path with a background thread)
+        self.path_s = 0.0  # seconds the recorder adds to the step's own path: the logprob hook, the hand-off
         self._at_step: tuple[int, int] = (-1, 0)  # (global step, batches generated at it so far)
         self._calls: list[GenerateCall] = []
         self._generation: dict[str, Any] | None = None
@@ -122,7 +123,9 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         finally:
             self._tapping = False
         if self._generation is not None:
-            self._queue_batch(inputs, time.perf_counter() - started)
+            handed = time.perf_counter()
+            self._queue_batch(inputs, handed - started)
+            self.path_s += time.perf_counter() - handed
         return output
 
     def _generate(self, prompts: list) -> tuple:
@@ -141,9 +144,11 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         model = trainer.accelerator.unwrap_model(trainer.model)
         with LogprobTap(model) as tap:
             completion_ids, logprobs = original(*args, **kwargs)
+        started = time.perf_counter()
         prompt_ids = args[0] if args else kwargs["prompt_ids"]
         self._calls.append(GenerateCall([list(p) for p in prompt_ids], [list(c) for c in completion_ids],
                                         tap.logprobs(completion_ids)))
+        self.path_s += tap.seconds + time.perf_counter() - started
         return completion_ids, logprobs
 
     def _queue_batch(self, inputs: list[dict[str, Any]], seconds: float) -> None:
