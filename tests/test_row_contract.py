@@ -450,3 +450,17 @@ def test_schema_metadata_that_is_not_utf8_is_refused_by_every_reader_alike(good,
         except ShardError as exc:
             line = str(exc)
         assert "breaks rule schema-metadata: it is UTF-8 text" in line, (reader, line)
+
+
+def test_a_fifo_or_a_device_where_a_manifest_should_be_is_refused_never_waited_on(good, tmp_path):
+    import os
+
+    run = Path(shutil.copytree(good, tmp_path / "run"))
+    manifest = run / "manifest-w000of001.json"
+    manifest.unlink()
+    os.mkfifo(manifest)  # reading it would wait for a writer forever
+    line = cli_line(["report", str(run)])
+    assert "manifest-w000of001.json cannot be read (not a regular file" in line
+    manifest.unlink()
+    manifest.symlink_to("/dev/zero")  # read whole, it would never end
+    assert "cannot be read (not a regular file" in cli_line(["score", str(run), "--workers", "1"])

@@ -54,7 +54,18 @@ not one, and reading it whole is what a mistaken path (a dataset, /dev/zero) wou
 def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes; else ValueError saying why in a few words (no
     such file; not a regular file: a FIFO would block and a device never end; too large; not UTF-8, with the byte).
-    The file is opened without blocking and checked on the open descriptor, so what is read is what was checked."""
+    """
+    data = read_small_file(path, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})") from None
+
+
+def read_small_file(path: str | Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; else ValueError saying why (no such file, not a regular
+    file, too large). The file is opened without blocking and checked on the open descriptor, so what is read is
+    what was checked: a FIFO put where a file should be never blocks the reader, nor /dev/zero fills memory."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
     except FileNotFoundError:
@@ -71,11 +82,8 @@ def read_config_text(path: str | Path, limit: int = MAX_CONFIG_BYTES) -> str:
     with os.fdopen(fd, "rb") as handle:
         data = handle.read(limit + 1)  # at most one byte past the bound, whatever the file grew to since
     if len(data) > limit:
-        raise ValueError(f"{max(info.st_size, len(data)):,} bytes, past the {limit:,} a config file may hold")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"not UTF-8 text (byte {exc.object[exc.start]:#04x} at {exc.start})") from None
+        raise ValueError(f"{max(info.st_size, len(data)):,} bytes, past the {limit:,} such a file may hold")
+    return data
 
 
 def sha256_file(path: str | Path) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from hubgym.errors import EnvContractError, EnvNotFoundError, ManifestError, Where
+from hubgym.files import read_small_file
 from hubgym.schemas.version import SCHEMA_VERSION
 
 FORMAT = "hubgym-env"
@@ -43,6 +44,9 @@ METADATA_FILES = [MANIFEST_FILE, VERIFIER_FILE, TOOLS_FILE, GOLDEN_FILE, CARD_FI
 """The small files of an env repo: what a streaming load downloads (the data files are read remotely)."""
 
 REQUIRED = ("format", "schema_version", "env", "env_version", "verifier", "default_config", "configs")
+MAX_STORED_JSON_BYTES = 64 << 20
+"""64 MiB: a manifest or index.json lists shards (about 150 bytes each); a file past it is not one, and is not read
+whole (nor is a FIFO or a device in its place)."""
 
 
 def data_path(config: str, split: str, shard: int, shards: int) -> str:
@@ -250,10 +254,13 @@ def read_json_object(path: Path, fail: Callable[..., Exception]) -> dict[str, An
     """The JSON object stored in `path`; else `fail(problem)` is raised, the problem said in a few words
     (unreadable, e.g. a folder; not UTF-8; not JSON, e.g. truncated; a number past Python's digit limit or
     nesting past its recursion limit; JSON, but not an object)."""
+    try:  # a regular file of bounded size: a FIFO or a device in its place is refused, never waited on
+        data = read_small_file(path, MAX_STORED_JSON_BYTES)
+    except (OSError, ValueError) as exc:
+        detail = f"{type(exc).__name__}: {exc.strerror or exc}" if isinstance(exc, OSError) else str(exc)
+        raise fail(f"cannot be read ({detail})") from None
     try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except OSError as exc:
-        raise fail(f"cannot be read ({type(exc).__name__}: {exc.strerror or exc})") from None
+        value = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise fail(f"is not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError

@@ -26,6 +26,7 @@ import polars as pl
 
 from hubgym.errors import ManifestError, NoShardsError
 from hubgym.files import replace_dir, sha256_file
+from hubgym.hub.manifest import read_json_object
 from hubgym.stats.table import PART_SCHEMA, TaskStats
 
 FORMAT = "hubgym-task-stats"
@@ -101,11 +102,10 @@ def read_stats(folder: str | os.PathLike, name: str | None = None) -> TaskStats:
     path = folder / MANIFEST
     if not path.is_file():
         raise ManifestError(f"{name} is not a task-stats dataset (it has no {MANIFEST}); {STATS_FIX}", path=name)
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{name}/{MANIFEST} is not UTF-8 JSON ({exc}); {STATS_FIX}", path=name) from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+    # read as every stored JSON file is (bounded, regular, UTF-8, nested no deeper than Python parses)
+    manifest = read_json_object(path, lambda problem, field=None: ManifestError(
+        f"{name}/{MANIFEST} {problem}; {STATS_FIX}", path=name))
+    if manifest.get("format") != FORMAT:
         raise ManifestError(f"{name}/{MANIFEST} is not a {FORMAT} manifest; {STATS_FIX}", path=name)
     if manifest.get("schema_version") != STATS_SCHEMA_VERSION:
         raise ManifestError(f"{name} has stats schema version {manifest.get('schema_version')!r}, this hubgym reads "
