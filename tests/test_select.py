@@ -112,7 +112,7 @@ def test_a_selection_that_keeps_nothing_is_one_line_naming_it(run, rows):
                f"{len(rows)} by min_reward); loosen it, or give sources that hold such rows")
     with pytest.raises(SelectionError, match=f"^{re.escape(message)}$"):
         plan.check_not_empty()
-    wrong_config = plan_selection([str(run)], Selection(envs=["arithmetic:medium"]))
+    wrong_config = plan_selection([str(run)], Selection(envs=["arithmetic:hard"]))  # 3 operands: none of easy's
     assert wrong_config.counts["dropped/env"] == len(rows) and not wrong_config.kept
 
 
