@@ -77,16 +77,14 @@ def inverted_verifier(folder: Path) -> Path:
 
 
 def test_rescoring_while_streaming_trains_on_the_new_rewards(tiny_model, stored, stored_rows, tmp_path):
+    """As stored, sample 0 is right (advantage +1) and sample 1 wrong: trained on the stored rewards, GRPO would raise
+    sample 0's tokens. Re-scored by a verifier that rewards the other answer, the same rows push the other way."""
     before = [sample_logprob(tiny_model, stored_rows, s) for s in (0, 1)]
-    as_stored, _ = train(tiny_model, stored, tmp_path / "stored")
     rescored, printed = train(tiny_model, stored, tmp_path / "rescored", "offline.rescore=true",
                               f"offline.verifier=[{inverted_verifier(tmp_path)}]")
-    pushed = [sample_logprob(tmp_path / run / "model", stored_rows, s) for run in ("stored", "rescored")
-              for s in (0, 1)]
-    assert pushed[0] > before[0] and pushed[1] < before[1]  # stored rewards: sample 0 is right
-    assert pushed[2] < before[0] and pushed[3] > before[1]  # re-scored: sample 1 is now the rewarded one
+    after = [sample_logprob(tmp_path / "rescored" / "model", stored_rows, s) for s in (0, 1)]
+    assert after[0] < before[0] and after[1] > before[1]  # sample 1 is now the rewarded one
     assert all(r["offline/rescore/changed_rows"] == len(stored_rows) for r in rescored)
-    assert "offline/rescore/changed_rows" not in as_stored[0]  # nothing re-scored, nothing planned
     assert "re-scored, reward changed" in printed
     assert not list(stored.rglob("*rescore*"))  # the stored shards are left as they were
 
