@@ -218,7 +218,8 @@ def verified_shards(sources: list[ShardSource], *, verify: bool = True, skip_bad
                 raise loaded
             bad.append((source, loaded))
             counts["bad_shards"] = counts.get("bad_shards", 0) + 1
-            counts["bad_rows"] = counts.get("bad_rows", 0) + (shard_rows(source) or 0)
+            if (rows := shard_rows(source)) is not None:  # as far as it is known (recorded, or the footer's)
+                counts["bad_rows"] = counts.get("bad_rows", 0) + rows
             continue
         counts["shards"] = counts.get("shards", 0) + 1
         counts["rows"] = counts.get("rows", 0) + loaded.rows
