@@ -108,7 +108,7 @@ def open_fetched(fetched: FetchedShard, *, verify: bool = True, vocab_size: int 
     if verify and source.sha256 is not None and fetched.sha256 != source.sha256:
         fix = "push its run again from a good copy (`hubgym push-rollouts RUN_DIR REPO`)" if source.remote else FIX
         raise ShardError(f"shard {source.name} is corrupted: its sha256 is {fetched.sha256}, but {source.sha256} was "
-                         f"recorded when it was written or pushed; {fix}", shard=source.name)
+                         f"recorded when it was written or pushed; {fix}", shard=source.name, rule="rows-recorded")
     check = ShardCheck(source.name, vocab_size=vocab_size, run_ids=source.run_ids)
     try:
         reader = pa.ipc.open_file(pa.BufferReader(data) if isinstance(data, bytes) else data)
@@ -126,7 +126,7 @@ def open_fetched(fetched: FetchedShard, *, verify: bool = True, vocab_size: int 
                          shard=source.name) from None
     if verify and source.rows is not None and rows != source.rows:
         raise ShardError(f"shard {source.name} holds {rows} rows, but {source.rows} were recorded; {FIX}",
-                         shard=source.name)
+                         shard=source.name, rule="rows-recorded")
     return LoadedShard(source, reader, rows, check.ids)
 
 
@@ -147,7 +147,7 @@ def check_schema(schema: pa.Schema, name: str) -> None:
     if bad:
         raise ShardError(f"shard {name} does not have the rollout schema (missing or mistyped: {', '.join(bad[:8])}"
                          f"{', ...' if len(bad) > 8 else ''}); rollout shards are written by hubgym's ShardWriter",
-                         shard=name)
+                         shard=name, rule="rollout-schema")
     _check_metadata(schema, name)
 
 
@@ -209,7 +209,7 @@ def skipped_warning(bad: list[tuple[str, int | None, ShardError | str]], read: i
 
 
 def _why(error: ShardError | str) -> str:
-    if isinstance(error, ShardError) and error.rule is not None:
+    if isinstance(error, ShardError) and error.row is not None:  # one row broke a rule: where, and which
         return f"column {error.column!r}, row {error.row}: rule {error.rule}"
     text = str(error).split("; ", 1)[0]
     return text[:160] + ("..." if len(text) > 160 else "")

@@ -4,7 +4,9 @@
     breach = first_breach(batch, vocab_size=1024)  # the token ids also below the vocabulary (a tokenizer is known)
     breach = group_breach(table)                   # one env, task and run per group; no sample index twice
     breach = row_breach(row_dict)                  # a row built in Python (the trainer's sources, an import)
-    print(breach.message())                        # "breaks rule token-ids-in-range: every token id is in ..."
+    print(breach.message())                        # "breaks rule token-ids-in-range: holds token ids in [0, 2^31)
+                                                   #  only (it holds -5)"
+    rules()                                        # (rule, column, what it says) of the whole contract
 
 hubgym's writer (the rollout loop, a re-score, an import) only ever writes rows that keep these rules, and the
 trainer relies on each: a token id indexes the model's embedding and output layer; a logprob is the behaviour
@@ -16,9 +18,10 @@ view, the trainer's sources), the shard writer calls them on what it writes, and
 calls `row_breach` on rows that come from elsewhere. Each rule is a few Arrow compute calls over a whole
 column; only a breach looks for its row.
 
-RULES lists every rule by name with what it says (the README's table of the contract comes from it); the checks
-that keep a file readable at all (valid Arrow, no null where the writer writes none, `info` JSON, dates Python
-holds, each rollout id once) live in shard_checks and are named here too.
+`rules()` lists every rule by name with what it says; the checks that keep a file readable at all (valid Arrow,
+schema metadata, no null where the writer writes none, `info` JSON, dates Python holds, each rollout id once, the
+rows and run id recorded) live in hubgym.hub.shard_checks and hubgym.hub.shards and are named here too
+(STRUCTURE_RULES), so every refusal names a rule.
 """
 
 from __future__ import annotations
