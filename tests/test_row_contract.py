@@ -148,6 +148,15 @@ def test_ids_past_the_vocabulary_break_only_where_a_vocabulary_is_given(rows):
     assert row_breach(rows[0], vocab_size=5).rule.name == "token-ids-in-vocabulary"
 
 
+def test_readers_given_a_vocabulary_hold_every_shard_to_it(good):
+    said = r"column 'completion_ids', row 0 \(rollout 'r1-0-0'\) breaks rule token-ids-in-vocabulary: .* \(it holds 5\)"
+    for read in (lambda: list(LocalShards(good, vocab_size=5)), lambda: list(iter_rollouts(good, vocab_size=5)),
+                 lambda: RunStore.open([str(good)], vocab_size=5)):
+        with pytest.raises(ShardError, match=said):
+            read()
+    assert len(list(LocalShards(good, vocab_size=6))) == 8
+
+
 def test_the_documented_contract_lists_every_rule():
     listed = {(name, column) for name, column, _ in rules()}
     assert {(r.name, r.column) for r in (*ROW_RULES, *GROUP_RULES)} <= listed
