@@ -155,10 +155,10 @@ BROKEN = {
     "nondeterministic_step": (
         "check_reset_step_deterministic: running golden case 'binary search finds it' again gave different "
         "observations at step 1 ('Lower. (hint #{...})' on a freshly imported verifier, then 'Lower. (hint #{...})' "
-        f"after 75 other steps); {HIDDEN_STATE} [env='nondeterministic_step' field='GOLDEN']. {SEEDED_FIX}"),
+        f"after 74 other steps); {HIDDEN_STATE} [env='nondeterministic_step' field='GOLDEN']. {SEEDED_FIX}"),
     "hidden_step_counter": (
         "check_reset_step_deterministic: running golden case 'binary search finds it' again gave different states "
-        "at step 1 ({'guesses': 1} on a freshly imported verifier, then {'guesses': 1, 'tired': True} after 75 other "
+        "at step 1 ({'guesses': 1} on a freshly imported verifier, then {'guesses': 1, 'tired': True} after 74 other "
         f"steps); {HIDDEN_STATE} [env='hidden_step_counter' field='GOLDEN']. {SEEDED_FIX}"),
     "step_mutates_state": (
         "check_reset_step_deterministic: step 1 of golden case 'binary search finds it' changed the state it was "
@@ -202,6 +202,41 @@ BROKEN = {
         "task.interaction, so it would run as a single_turn task with max_turns 1 [env='golden_without_interaction' "
         "field='golden.jsonl:2 task.interaction']. Fix: add \"interaction\": {\"kind\": \"multi_turn\", "
         "\"max_turns\": N} to the case's task, with the env's max_turns"),
+    "test_shares_train_tasks": (
+        "check_held_out_apart: 5 of the 10 tasks of split 'test' are also in 'train' (row '{id}' has the prompt and "
+        "info of train row '{id}'); a held-out split that shares tasks with the training split measures what the "
+        "policy memorized, not what it learned [env='test_shares_train_tasks' config='default' split='test' "
+        "row='{id}' field='info']. Fix: draw held-out tasks apart from train's: leave out what train holds, or "
+        "assign each task to one split by a hash of its content (e.g. hashlib.sha256(key) % 5 == 0 goes to test)"),
+    "reward_follows_hash_seed": (
+        "check_scoring_independent_of_hash_seed: scoring {...} in a second process with another hash seed "
+        "(PYTHONHASHSEED {...} here, {...} there) gave reward 0.0 {'correct': 0.0, 'bucket': {...}}, but here reward "
+        "0.0 {'correct': 0.0, 'bucket': {...}}; most likely a reward or step uses hash() of a string (or follows the "
+        "order of a set of strings), which Python seeds anew in every process [env='reward_follows_hash_seed' "
+        "config='default' split='train' row='{id}' field='verifier']. Fix: derive numbers from text with hashlib or "
+        "zlib.crc32, and iterate over sorted(...) collections; never hash() of a str or bytes"),
+    "reward_reads_environment": (
+        "check_scoring_independent_of_environment: scoring golden case 'repeats the word' gave reward 1.0 "
+        "{'correct': 1.0}, then reward 0.0 {'correct': 1.0} once the environment variables the verifier reads were "
+        "changed (ECHO_REWARD_WEIGHT: unset, then '0'); a reward or step that reads the environment gives another "
+        "number in every process that scores it [env='reward_reads_environment' row='{id}' field='verifier']. Fix: "
+        "put every setting a reward or step needs into the row's info (from the builder's config); never read "
+        "os.environ in a verifier"),
+    "reward_drifts_after_many_calls": (
+        "check_scoring_stable_over_many_calls: scoring golden case 'repeats the word' gave reward 1.0 {'correct': "
+        "1.0} on a freshly imported verifier, then reward 0.0 {'correct': 0.0} after 3,000 calls; most likely the "
+        "verifier keeps state that changes as it is called (a call counter, a table or cache that grows and changes "
+        "its answers once it is large), so a stored reward would depend on how long the process that scored it had "
+        "run [env='reward_drifts_after_many_calls' row='{id}' field='verifier']. Fix: keep no module-level state "
+        "that changes with calls; a cache must give what the function computes (functools.lru_cache of a pure "
+        "function does)"),
+    "reward_draws_global_random": (
+        "check_scoring_leaves_global_random_alone: scoring the empty reply drew from the process's global random "
+        "generator (random's state moved while the verifier ran); its result then depends on whatever else the "
+        "process drew before, however rarely a draw changes it [env='reward_draws_global_random' config='default' "
+        "split='train' row='{id}' field='verifier']. Fix: draw from a generator of the row's own "
+        "(random.Random(task['info']['seed']), numpy.random.default_rng(seed)), never from the random module's "
+        "functions or numpy.random's"),
 }
 
 
@@ -272,14 +307,16 @@ def test_a_reward_keyed_on_identity_or_a_counter_is_not_blamed_on_the_clock(tmp_
 @pytest.mark.slow
 def test_a_batch_reward_drawn_at_random_fails_the_determinism_check_and_skips_the_batch_check(tmp_path):
     """Scores that change from call to call differ between batches too: that is check_scoring_deterministic's
-    failure, and the batch check says it could not tell (skipped), rather than blaming the batch."""
+    failure (and, drawn from the global generator, check_scoring_leaves_global_random_alone's), and the batch check
+    says it could not tell (skipped), rather than blaming the batch."""
     folder = Path(shutil.copytree(ENVS / "batch_reward_reads_the_batch", tmp_path / "batch_reward_reads_the_batch"))
     source = (folder / "verifier.py").read_text()
     random_length = ("import random\n\n\ndef length(tasks, completions):\n"
                      "    return [random.random() for _ in completions]  # the fault: chance\n\n\n")
     (folder / "verifier.py").write_text(source.replace("BATCH_REWARDS = ", random_length + "BATCH_REWARDS = "))
     results = {r.check: r for r in check_env(str(folder))}
-    assert [check for check, r in results.items() if r.failed] == ["check_scoring_deterministic"]
+    assert [check for check, r in results.items() if r.failed] == ["check_scoring_deterministic",
+                                                                   "check_scoring_leaves_global_random_alone"]
     assert results["check_batch_rows_independent"].status == "skipped"
     assert results["check_batch_rows_independent"].message.startswith(
         "check_batch_rows_independent: skipped: needs scores that repeat, which failed in check_scoring_deterministic")

@@ -15,12 +15,15 @@ Arguments:
     sums (the 100 one-digit sums, asked "Reply with just the number." with no system prompt, so a chat
     model's own system prompt applies; a fixed quarter of them, by hash, is the held-out test split: the
     config a small pretrained model such as SmolLM2-135M gets right about a quarter of the time);
-    TaskConfig.seed and TaskConfig.sizes.
+    TaskConfig.seed and TaskConfig.sizes. The test splits of easy, medium and hard leave out the expressions
+    their train split holds (tiny's splits share its 25 sums on purpose).
 Version history:
     v1: first release; the `sums` config added later (the other configs' rows are unchanged).
     v2: a `sums` reply earns the reward only when it states the answer (the number alone, or one final
         "... = N"); v1 took the last number of any reply, so a rambling reply that ended on the right
         number scored. Rows and the other configs' rewards are unchanged.
+    Rows: the test splits of easy, medium and hard no longer repeat train's expressions (easy's test held 23
+        of train's before); train splits and rewards are unchanged.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import random
 from dataclasses import dataclass
 from typing import Iterator
 
-from hubgym.builders.base import TaskBuilder, TaskConfig, distinct
+from hubgym.builders.base import TaskBuilder, TaskConfig, distinct, split_seed
 from hubgym.schemas import Task, make_task, system, user
 
 SYSTEM = "Solve the arithmetic problem. Reply with the final integer inside <answer></answer>."
@@ -53,6 +56,7 @@ class Arithmetic(TaskBuilder):
     TAGS = ("math", "arithmetic", "procedural")
     VERIFIER = "hubgym.verifiers.arithmetic"
     GOLDEN = "golden/arithmetic.jsonl"
+    SHARED_SPLITS = {"tiny": "the 25 sums of 0..4 in both splits: the demo measures how a tiny model fits them"}
     BUILDER_CONFIG_CLASS = ArithmeticConfig
     BUILDER_CONFIGS = [
         ArithmeticConfig(name="easy", max_value=9, operators="+-", sizes={"train": 150, "test": 30}),
@@ -60,7 +64,7 @@ class Arithmetic(TaskBuilder):
         ArithmeticConfig(name="hard", max_value=999, operators="+-*", operands=3),
         # All 25 sums of two operands in 0..4, in both splits: small enough for the tiny local model to
         # learn something with GRPO in minutes on a CPU (the demo's training env). Its test split is the
-        # same task space, so it measures the policy, not generalization.
+        # same task space, so it measures the policy, not generalization (SHARED_SPLITS says so).
         ArithmeticConfig(name="tiny", max_value=4, operators="+", sizes={"train": 25, "test": 25}),
         # The 100 one-digit sums in plain words, split 68 / 32 with no task in both: GRPO on a pretrained chat
         # model (hubgym train smollm2-sums) learns to answer with the number, measured on unseen sums.
@@ -72,9 +76,18 @@ class Arithmetic(TaskBuilder):
         if self.config.held_out:
             yield from self._held_out_split(split, size, seed)
             return
-        rng = random.Random(seed)
-        for expression in distinct(lambda: self._expression(rng), size):  # no task twice; ends if the space is spent
+        rng, banned = random.Random(seed), self._train_expressions(split)
+        # no task twice, none of train's in another split; ends if the space is spent
+        for expression in distinct(lambda: self._expression(rng), size, keep=lambda e: e not in banned):
             yield self._task(expression)
+
+    def _train_expressions(self, split: str) -> frozenset[str]:
+        """The train split's expressions, which other splits leave out (none for train, or a SHARED_SPLITS config)."""
+        cfg = self.config
+        if split == "train" or "train" not in cfg.sizes or cfg.name in self.SHARED_SPLITS:
+            return frozenset()
+        rng = random.Random(split_seed(cfg.seed, "train"))
+        return frozenset(distinct(lambda: self._expression(rng), cfg.sizes["train"]))
 
     def _task(self, expression: str) -> Task:
         info = {"expression": expression, "answer": str(_evaluate(expression))}

@@ -65,6 +65,9 @@ class TaskBuilder(datasets.GeneratorBasedBuilder):
     # Configs a family leaves out of this env, with why (e.g. reasoning-gym's `hard` ones that hang): asking for one
     # says why it is missing instead of only that it is.
     LEFT_OUT_CONFIGS: ClassVar[dict[str, str]] = {}
+    # Configs whose other splits hold the train split's tasks on purpose, with why (arithmetic's `tiny`: a demo that
+    # measures how a tiny model fits 25 sums): `hubgym check` holds every other config's held-out splits apart.
+    SHARED_SPLITS: ClassVar[dict[str, str]] = {}
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(description=inspect.getdoc(type(self)) or "", features=TASK_FEATURES)

@@ -21,6 +21,11 @@ from hubgym.conformance.common import (CLOCK_FIX, SCORE_CLOCK_FIX, SEEDED_FIX, T
                                       guarded, same_score, score_summary, short)
 from hubgym.conformance.batches import check_batch_rows_independent
 from hubgym.conformance.episodes import check_golden_replay, check_reset_step_deterministic
+from hubgym.conformance.process import (check_scoring_independent_of_environment,
+                                        check_scoring_independent_of_hash_seed,
+                                        check_scoring_leaves_global_random_alone,
+                                        check_scoring_stable_over_many_calls)
+from hubgym.conformance.splits import check_held_out_apart
 from hubgym.conformance.tools import check_tool_schemas, check_tools_run
 from hubgym.envs.refs import ENV_NAME_RULE, env_name_problem
 from hubgym.errors import Where
@@ -484,6 +489,7 @@ CHECKS: list[Callable[[Context], None]] = [
     check_ids_from_content,
     check_deterministic_rows,
     check_rows_independent_of_hash_seed,
+    check_held_out_apart,
     check_verifier_loads,
     check_interaction,
     check_tool_schemas,
@@ -495,8 +501,13 @@ CHECKS: list[Callable[[Context], None]] = [
     check_scoring_no_errors,
     check_reward_range,
     check_scoring_deterministic,
+    check_scoring_leaves_global_random_alone,
+    check_scoring_independent_of_hash_seed,
+    check_scoring_independent_of_environment,
+    check_scoring_stable_over_many_calls,
     check_batch_rows_independent,
     check_reset_step_deterministic,
     check_golden_replay,
 ]
-"""The checks, in the order they run: builder, tasks, verifier, golden cases, scoring, multi_turn."""
+"""The checks, in the order they run: builder, tasks, verifier, golden cases, scoring (its process: global random
+state, hash seed, environment, age), multi_turn."""

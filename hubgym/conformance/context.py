@@ -32,7 +32,8 @@ from hubgym.builders.clock import CHECK_CLOCKS, Clock, at_clock
 from hubgym.envs import resolve_env
 from hubgym.conformance.common import CheckSkipped, Sample, same_score
 from hubgym.conformance.purity import Violation, purity_guard
-from hubgym.conformance.rebuild import build_elsewhere, hash_seeds, importable_ref
+from hubgym.conformance.process import generator_moved, global_random_state
+from hubgym.conformance.rebuild import build_elsewhere, hash_seeds, importable_ref, score_elsewhere
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierLoadError, Where
 from hubgym.schemas import Message, RowError, Task, assistant, tool_call, tool_result
 from hubgym.schemas.messages import TOOL_ERROR_PREFIX
@@ -79,6 +80,7 @@ class Context:
         self.check = ""  # the check now running (prerequisite failures are attributed to it)
         self._memo: dict[str, tuple[Any, ...]] = {}
         self._rows: dict[tuple[str, str, int], list[Task]] = {}
+        self.global_draws: list[tuple[Sample, str]] = []  # scorings that moved a global random generator, and which
         self.env = ref if isinstance(ref, str) else getattr(ref, "__name__", str(ref))
         with contextlib.suppress(Exception):  # the failure is kept, and reported by the first check that needs it
             self.env = self.builder.ENV
@@ -218,6 +220,22 @@ class Context:
 
         return self.resource("hash-seed", "the build in a second process", make)[config]
 
+    def hash_seed_scores(self, samples: list[Sample]) -> list[Score]:
+        """`samples` scored in the second process of `hash_seed_build` (another PYTHONHASHSEED), under the first
+        check clock; CheckSkipped when that process cannot import the builder."""
+        ref = importable_ref(self.ref, self.builder)
+        if ref is None:
+            raise CheckSkipped(f"skipped: builder {self.builder.__qualname__} cannot be imported by name in a second "
+                               f"process, so the hash seed cannot be varied", self.where(),
+                               "define the builder at module level (or check it by name or by folder)",
+                               check=self.check)
+        try:
+            return score_elsewhere(ref, samples, hash_seeds()[1])
+        except RuntimeError as exc:
+            raise EnvContractError(f"the verifier scores here, but not in a second process ({self.hash_seeds}): "
+                                   f"{exc}", self.where(field="VERIFIER"),
+                                   "make the verifier independent of the hash seed: never hash() of a string") from exc
+
     @property
     def hash_seeds(self) -> str:
         ours, theirs = hash_seeds()
@@ -258,6 +276,7 @@ class Context:
     def score_guarded(self, sample: Sample) -> tuple[Score, list[Violation]]:
         """Score one sample with network, file writes and processes refused; returns what was refused."""
         verifier = self.verifier
+        before = global_random_state()
         with purity_guard() as violations:
             try:
                 completion = sample.completion
@@ -267,6 +286,9 @@ class Context:
             except Exception as exc:  # reset/step of a golden replay raised: data, like Verifier.score does
                 error: RowError = {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:2000]}
                 score = Score(None, {}, error)
+        moved = generator_moved(before, global_random_state())
+        if moved is not None:
+            self.global_draws.append((sample, moved))
         return score, list(violations)
 
 

@@ -1,8 +1,10 @@
-"""Build an env's configs in a second Python process with another hash seed: rows that follow the iteration
-order of a set (or anything else that `hash()` of a string decides) differ between the two processes.
+"""Build an env's configs, and score samples, in a second Python process with another hash seed: rows or
+rewards that follow the iteration order of a set (or anything else that `hash()` of a string decides) differ
+between the two processes.
 
     built = build_elsewhere("arithmetic", ["easy"], out_dir)   # {config: {split: Dataset}}
-    python -m hubgym.conformance.rebuild                       # the second process (build_elsewhere's, kept up)
+    scores = score_elsewhere("arithmetic", samples, "1")        # [Score], one per conformance Sample
+    python -m hubgym.conformance.rebuild                       # the second process (kept up between requests)
 
 Python draws a new hash seed per process unless PYTHONHASHSEED is set, so two builds in one process always
 agree with each other; only a second process can tell. The builder must be importable there: a name, a
@@ -66,6 +68,29 @@ def build_elsewhere(ref: str, configs: list[str], out: Path, hash_seed: str,
     return {config: dict(datasets.load_from_disk(str(out / config))) for config in configs}
 
 
+def score_elsewhere(ref: str, samples: list[Any], hash_seed: str) -> list[Any]:
+    """Score `samples` (hubgym.conformance.common.Sample) with `ref`'s verifier in the second process with
+    PYTHONHASHSEED=`hash_seed`, under the first check clock; one Score per sample, in order."""
+    from hubgym.verifiers.contract import Score
+
+    request = {"op": "score", "ref": ref, "sys_path": sys.path, "cwd": os.getcwd(),
+               "samples": [{"task": s.task, "completion": s.completion, "actions": s.actions} for s in samples]}
+    reply = _worker(hash_seed).build(request)
+    return [Score(r["reward"], r["components"], r["error"]) for r in reply["scores"]]
+
+
+def _score_here(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The second process's side of `score_elsewhere`."""
+    from hubgym.conformance.common import Sample
+    from hubgym.conformance.process import score_with
+
+    verifier = _load(request["ref"]).verifier()
+    with at_clock(CHECK_CLOCKS[0]):
+        scores = [score_with(verifier, Sample(None, None, s["task"], "", s["completion"], s["actions"]))
+                  for s in request["samples"]]
+    return [{"reward": s.reward, "components": s.components, "error": s.error} for s in scores]
+
+
 REPLY = "HUBGYM-REBUILD-REPLY "
 """How the second process marks its answers on its stdout (where nothing else is written: `serve`)."""
 
@@ -82,7 +107,8 @@ class _Worker:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def build(self, request: dict[str, Any]) -> None:
+    def build(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Send one request (a build, or `"op": "score"`); its reply."""
         self.process.stdin.write(json.dumps(request) + "\n")
         self.process.stdin.flush()
         for line in self.process.stdout:
@@ -90,7 +116,7 @@ class _Worker:
                 reply = json.loads(line[len(REPLY):])
                 if reply["error"]:
                     raise RuntimeError(reply["error"])
-                return
+                return reply
         self.log.seek(0)
         lines = [line for line in self.log.read().splitlines() if line.strip()]
         raise RuntimeError(lines[-1] if lines else f"the second process ended (exit code {self.process.wait()})")
@@ -134,29 +160,37 @@ def _load(ref: str) -> type:
 
 def serve() -> None:
     """The second process: for each request line, build each config and save it where the first process reads
-    it, then answer one marked line (the error's last line, or none).
+    it (or, for `"op": "score"`, score the samples), then answer one marked line (the error's last line, or none).
 
     The answers go out on a private copy of stdout; stdout itself is pointed at stderr, so whatever a builder
     prints (reasoning-gym's bf compiler prints dots with no newline) can never run into an answer's line."""
-    from hubgym.envs.build import build_tasks
-
     answers = os.fdopen(os.dup(sys.stdout.fileno()), "w", buffering=1)
     sys.stdout.flush()
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     for line in sys.stdin:
-        request = json.loads(line)
+        request, answer = json.loads(line), {}
         try:
             os.chdir(request["cwd"])
             sys.path[:] = request["sys_path"]  # the first process's, so a test module's class imports here too
-            cls, out = _load(request["ref"]), Path(request["out"])
-            with at_clock(CHECK_CLOCKS[0]):
-                for config in request["configs"]:
-                    built = build_tasks(cls, config, cache_dir=out / f".cache-{config}", max_rows=request["max_rows"])
-                    built.save_to_disk(str(out / config))
+            if request.get("op") == "score":
+                answer = {"scores": _score_here(request)}
+            else:
+                _build_here(request)
             error = None
         except Exception as exc:  # noqa: BLE001 - reported to the first process, which names the env and the fix
             error = f"{type(exc).__name__}: {exc}".splitlines()[0][:500]
-        print(REPLY + json.dumps({"error": error}), file=answers, flush=True)
+        print(REPLY + json.dumps({"error": error, **answer}), file=answers, flush=True)
+
+
+def _build_here(request: dict[str, Any]) -> None:
+    """The second process's side of `build_elsewhere`."""
+    from hubgym.envs.build import build_tasks
+
+    cls, out = _load(request["ref"]), Path(request["out"])
+    with at_clock(CHECK_CLOCKS[0]):
+        for config in request["configs"]:
+            built = build_tasks(cls, config, cache_dir=out / f".cache-{config}", max_rows=request["max_rows"])
+            built.save_to_disk(str(out / config))
 
 
 if __name__ == "__main__":

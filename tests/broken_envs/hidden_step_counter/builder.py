@@ -31,6 +31,6 @@ class Guess(TaskBuilder):
 
     def generate_tasks(self, split, size, seed):
         prompt = [system("Guess my number from 1 to 20. Reply with one guess per turn inside <guess></guess>.")]
-        for target in random.Random(seed).sample(range(1, 21), size):
+        for target in random.Random(seed).sample(range(1, 15) if split == "train" else range(15, 21), size):
             yield make_task(self.ENV, prompt, {"target": target, "max_guesses": MAX_GUESSES},
                             interaction("multi_turn", max_turns=MAX_GUESSES))

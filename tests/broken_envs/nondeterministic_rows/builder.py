@@ -28,7 +28,7 @@ class Echo(TaskBuilder):
     BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 12, "test": 4})]
 
     def generate_tasks(self, split, size, seed):
-        words = random.Random(seed).sample(WORDS, size)
+        words = random.Random(seed).sample(WORDS[:14] if split == "train" else WORDS[14:], size)
         random.shuffle(words)  # the fault: the global generator is not seeded
         for word in words:
             yield make_task(self.ENV, [user(f"Repeat the word {word!r} inside <answer></answer>.")], {"word": word})

@@ -5,6 +5,7 @@ import re
 
 REWARDS = {}  # every reward comes from step
 REWARD_RANGE = (0.0, 1.0)
+CHANCE = random.Random()  # seeded from the operating system: a generator of its own, but unseeded
 
 
 def reset(task):
@@ -21,5 +22,5 @@ def step(task, state, action):
         hint = "Give one number inside <guess></guess>."
     else:
         hint = "Higher." if int(found[-1]) < target else "Lower."
-    hint += f" (hint #{random.randint(10**8, 10**9)})"  # the fault: two replays show different text
+    hint += f" (hint #{CHANCE.randint(10**8, 10**9)})"  # the fault: two replays show different text
     return {"guesses": guesses}, hint, 0.0, guesses >= task["info"]["max_guesses"]

@@ -30,6 +30,6 @@ class Echo(TaskBuilder):
 
     def generate_tasks(self, split, size, seed):
         today = date.today().isoformat()  # the fault: the rows depend on the day they are built
-        for word in random.Random(seed).sample(WORDS, size):
+        for word in random.Random(seed).sample(WORDS[:14] if split == "train" else WORDS[14:], size):
             yield make_task(self.ENV, [user(f"Repeat the word {word!r} inside <answer></answer>.")],
                             {"word": word, "asked_on": today})

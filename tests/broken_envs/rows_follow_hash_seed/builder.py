@@ -28,5 +28,6 @@ class Echo(TaskBuilder):
     BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 12, "test": 4})]
 
     def generate_tasks(self, split, size, seed):
-        for word in random.Random(seed).sample(list(WORDS), size):  # the fault: a set's order is the hash seed's
+        pool = [w for w in WORDS if (w < "p") == (split == "train")]  # the fault: a set's order is the hash seed's
+        for word in random.Random(seed).sample(pool, size):
             yield make_task(self.ENV, [user(f"Repeat the word {word!r} inside <answer></answer>.")], {"word": word})

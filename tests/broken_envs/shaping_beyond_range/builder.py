@@ -33,7 +33,7 @@ class Spell(TaskBuilder):
     BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 12, "test": 4})]
 
     def generate_tasks(self, split, size, seed):
-        for word in random.Random(seed).sample(WORDS, size):
+        for word in random.Random(seed).sample(WORDS[:14] if split == "train" else WORDS[14:], size):
             spec = interaction("tool_use", max_turns=3, tools=self.TOOLS, tool_rewards=SHAPING)
             yield make_task(self.ENV, [user(f"Repeat the word {word!r} inside <answer></answer>.")], {"word": word},
                             spec)

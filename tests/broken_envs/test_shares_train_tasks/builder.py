@@ -1,0 +1,32 @@
+"""Broken on purpose: the test split draws from the words train draws from, so it repeats train's tasks.
+
+Task:
+    Repeat the given word inside <answer></answer>.
+Row schema:
+    info = {"word": str}; interaction single_turn, max_turns 1.
+Reward:
+    correct (weight 1): the answer equals the word. Total in [0, 1].
+Arguments:
+    config default; TaskConfig.seed and TaskConfig.sizes.
+Version history:
+    v1: first release.
+"""
+
+import random
+
+from hubgym import TaskBuilder, TaskConfig, make_task, user
+
+WORDS = ["apple", "brick", "cloud", "delta", "eagle", "flute", "grape", "house", "igloo", "jelly", "koala", "lemon",
+         "mango", "noble", "ocean", "piano", "quilt", "river", "stone", "tiger"]
+
+
+class Echo(TaskBuilder):
+    __doc__ = __doc__
+    ENV = "test_shares_train_tasks"
+    VERIFIER = "verifier.py"
+    GOLDEN = "golden.jsonl"
+    BUILDER_CONFIGS = [TaskConfig(name="default", sizes={"train": 12, "test": 10})]
+
+    def generate_tasks(self, split, size, seed):
+        for word in random.Random(seed).sample(WORDS, size):  # the fault: test draws from train's words too
+            yield make_task(self.ENV, [user(f"Repeat the word {word!r} inside <answer></answer>.")], {"word": word})
