@@ -8,13 +8,13 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-fast lint setup sandbox browser ops
+.PHONY: demo test test-fast lint docs setup sandbox browser ops
 
 demo: setup
 	$(BIN)/hubgym demo
 
-# Everything CI runs: the lint, then the whole suite (the slowest tests listed at the end).
-test: setup lint
+# Everything CI runs: the lint, the documentation site, then the whole suite (the slowest tests listed at the end).
+test: setup lint docs
 	$(BIN)/pytest -n 2 -q --durations=25
 
 # The fast tier, while you work: every test not marked slow (no vLLM, DeepSpeed, Ray or CLI subprocess).
@@ -23,6 +23,10 @@ test-fast: setup lint
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
+
+# The documentation site (docs/, mkdocs.yml) into site/, strictly: a broken link, anchor or API reference fails.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 setup: $(VENV)/.installed sandbox browser ops
 

@@ -301,15 +301,15 @@ def test_get_hub_and_parse_ref(tmp_path, monkeypatch):
         parse_ref("org/x@")
 
 
-def test_the_readme_load_env_example_gives_what_it_says(pushed, monkeypatch):
-    """The README's `load_env` lines, run as written (placeholders filled in), give a Dataset and the Verifier."""
+def test_the_docs_load_env_example_gives_what_it_says(pushed, monkeypatch):
+    """The hub guide's `load_env` lines, run as written (placeholders filled in), give a Dataset and the Verifier."""
     hub, result = pushed
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme[readme.index("## Environments on a hub"):readme.index("## Rollouts on a hub")]
+    page = (Path(__file__).parents[1] / "docs" / "hub.md").read_text()
+    section = page[page.index("## Environments on a hub"):page.index("## Rollout repos")]
     code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
     code = code.replace("my-org/arithmetic@<revision>", result.ref).replace(
         "<code sha256>", result.manifest["code"]["sha256"])
-    monkeypatch.setenv("HUBGYM_HUB", str(hub.root))  # the README loads from the default hub
+    monkeypatch.setenv("HUBGYM_HUB", str(hub.root))  # the example loads from the default hub
     scope = {"hubgym": hubgym}
     exec(code, scope)
     assert isinstance(scope["env"].tasks, datasets.Dataset) and len(scope["env"].tasks) == 3

@@ -113,17 +113,3 @@ def test_python_dash_m_hubgym_is_the_command(tmp_path):
                            tmp_path], capture_output=True, text=True, timeout=120)
     assert made.returncode == 0, made.stderr
     assert (tmp_path / "count_up" / "builder.py").is_file()
-
-
-@pytest.mark.slow
-def test_the_readme_multi_turn_example_passes_check(tmp_path):
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    section = readme.split("### Multi-turn environments", 1)[1].split("\n## ", 1)[0]
-    builder, verifier = re.findall(r"```python\n(# guess/builder\.py\n.*?|# guess/verifier\.py.*?)```", section, re.S)
-    folder = tmp_path / "guess"
-    folder.mkdir()
-    (folder / "builder.py").write_text(builder)
-    (folder / "verifier.py").write_text(verifier)
-    (folder / "golden.jsonl").write_text(re.findall(r"```jsonl\n(.*?)```", section, re.S)[0])
-    failed = [r.message for r in check_env(str(folder), max_rows=20) if not r.ok]
-    assert failed == []
