@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from hubgym.conformance.checks import check_scoring_deterministic
+from hubgym.conformance.common import generator_moved, global_random_state
 from hubgym.conformance.process import (LONG_RUN_PERIOD, check_scoring_independent_of_environment,
                                         check_scoring_leaves_global_random_alone, check_scoring_stable_over_many_calls,
-                                        generator_moved, global_random_state, variables_read)
+                                        variables_read)
 from hubgym.conformance.runner import iter_outcomes
 from hubgym.conformance.splits import check_held_out_apart
 

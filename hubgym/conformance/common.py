@@ -1,13 +1,16 @@
-"""What the conformance checks share: how they fail, how they quote values, how they call env code."""
+"""What the conformance checks share: how they fail, how they quote values, how they call env code (and watch the
+process's global random generators while it runs)."""
 
 from __future__ import annotations
 
+import random
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn
 
 from hubgym.errors import EnvContractError, Where
 from hubgym.schemas import Message, Task
-from hubgym.verifiers.contract import Score
+from hubgym.verifiers.contract import Score, Verifier
 
 TOL = 1e-6  # golden rewards and replayed step rewards must agree this closely
 SEEDED_FIX = ("make it a function of its inputs only: derive randomness from the task (e.g. "
@@ -78,3 +81,34 @@ class Sample:
     label: str  # how messages name it: "the empty reply", "golden case 'draw'"
     completion: list[Message] | None = None
     actions: list[str] | None = None  # multi_turn golden cases: replayed through reset/step first
+
+
+def score_with(verifier: Verifier, sample: Sample) -> Score:
+    """Score one sample outside the purity guard (golden actions replayed first); an exception is an error score."""
+    try:
+        completion = sample.completion
+        if sample.actions is not None:
+            completion = verifier.run_episode(sample.task, sample.actions).completion()
+        return verifier.score(sample.task, completion or [])
+    except Exception as exc:  # reset/step of a golden replay raised: data, like Verifier.score does
+        return Score(None, {}, {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:2000]})
+
+
+def global_random_state() -> tuple[Any, Any]:
+    """The state of the random module's generator and of numpy's global one (None when numpy is not imported)."""
+    numpy = sys.modules.get("numpy")
+    return random.getstate(), numpy.random.get_state(legacy=False) if numpy is not None else None
+
+
+def generator_moved(before: tuple[Any, Any], after: tuple[Any, Any]) -> str | None:
+    """Which global generator moved between two states: 'random' or 'numpy.random', or None."""
+    if before[0] != after[0]:
+        return "random"
+    if before[1] is not None and after[1] is not None and _numpy_state_key(before[1]) != _numpy_state_key(after[1]):
+        return "numpy.random"
+    return None
+
+
+def _numpy_state_key(state: dict[str, Any]) -> tuple:
+    inner = state["state"]
+    return state["bit_generator"], tuple(inner["key"].tolist()), inner["pos"], state["has_gauss"], state["gauss"]

@@ -30,12 +30,12 @@ from hubgym.builders.base import TaskBuilder
 from hubgym.envs.build import build_tasks, make_builder
 from hubgym.builders.clock import CHECK_CLOCKS, Clock, at_clock
 from hubgym.envs import resolve_env
-from hubgym.conformance.common import CheckSkipped, Sample, same_score
+from hubgym.conformance.common import (CheckSkipped, Sample, generator_moved, global_random_state, same_score,
+                                      score_with)
 from hubgym.conformance.purity import Violation, purity_guard
-from hubgym.conformance.process import generator_moved, global_random_state
 from hubgym.conformance.rebuild import build_elsewhere, hash_seeds, importable_ref, score_elsewhere
 from hubgym.errors import EnvContractError, EnvNotFoundError, VerifierLoadError, Where
-from hubgym.schemas import Message, RowError, Task, assistant, tool_call, tool_result
+from hubgym.schemas import Message, Task, assistant, tool_call, tool_result
 from hubgym.schemas.messages import TOOL_ERROR_PREFIX
 from hubgym.schemas.tasks import TASK_COLUMNS, TASK_FEATURES
 from hubgym.verifiers.contract import Score, Verifier
@@ -278,14 +278,7 @@ class Context:
         verifier = self.verifier
         before = global_random_state()
         with purity_guard() as violations:
-            try:
-                completion = sample.completion
-                if sample.actions is not None:
-                    completion = verifier.run_episode(sample.task, sample.actions).completion()
-                score = verifier.score(sample.task, completion or [])
-            except Exception as exc:  # reset/step of a golden replay raised: data, like Verifier.score does
-                error: RowError = {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:2000]}
-                score = Score(None, {}, error)
+            score = score_with(verifier, sample)
         moved = generator_moved(before, global_random_state())
         if moved is not None:
             self.global_draws.append((sample, moved))

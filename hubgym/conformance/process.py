@@ -16,15 +16,12 @@ process would give another number there. Four ways a process leaks into a reward
 from __future__ import annotations
 
 import os
-import random
-import sys
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from hubgym.conformance.common import CheckSkipped, Sample, fail, same_score, score_summary
-from hubgym.errors import EnvContractError
-from hubgym.verifiers.contract import Score, Verifier
+from hubgym.conformance.common import CheckSkipped, Sample, fail, same_score, score_summary, score_with
+from hubgym.verifiers.contract import Score
 
 if TYPE_CHECKING:
     from hubgym.conformance.context import Context
@@ -42,30 +39,12 @@ def process_samples(ctx: Context) -> list[Sample]:
     return built[:PROCESS_SAMPLES] + [s for s in ctx.samples if s.config is None]
 
 
-def score_with(verifier: Verifier, sample: Sample) -> Score:
-    """Score one sample outside the purity guard (golden actions replayed first); an exception is an error score."""
-    try:
-        completion = sample.completion
-        if sample.actions is not None:
-            completion = verifier.run_episode(sample.task, sample.actions).completion()
-        return verifier.score(sample.task, completion or [])
-    except Exception as exc:  # reset/step of a golden replay raised: data, like Verifier.score does
-        return Score(None, {}, {"boundary": "verifier", "type": type(exc).__name__, "message": str(exc)[:500]})
-
-
 def _repeatable(ctx: Context) -> None:
-    """These checks compare scorings: they mean something only where scoring repeats within one process."""
-    from hubgym.conformance.checks import check_scoring_deterministic
-
-    try:
-        check_scoring_deterministic(ctx)
-    except CheckSkipped as skipped:  # something scoring needs failed earlier: that check is the cause
-        if skipped.needs is None or skipped.owner is None:
-            raise
-        raise CheckSkipped.because(skipped.needs, skipped.owner, ctx.where(), ctx.check) from None
-    except EnvContractError:
-        raise CheckSkipped.because("scores that repeat", "check_scoring_deterministic", ctx.where(),
-                                   ctx.check) from None
+    """These checks compare scorings: they mean something only where scoring repeats within one process (what
+    check_scoring_deterministic holds an env to)."""
+    if any(not same_score(first, again) for (_, first, _), (_, scores) in zip(ctx.scored(1), ctx.rescored())
+           for again in scores):
+        raise CheckSkipped.because("scores that repeat", "check_scoring_deterministic", ctx.where(), ctx.check)
 
 
 # -- the hash seed ------------------------------------------------------------------------------------------
@@ -204,26 +183,6 @@ def _drifted(ctx: Context, sample: Sample, first: Score, later: Score, calls: in
 
 
 # -- the global random state --------------------------------------------------------------------------------
-
-def global_random_state() -> tuple[Any, Any]:
-    """The state of the random module's generator and of numpy's global one (None when numpy is not imported)."""
-    numpy = sys.modules.get("numpy")
-    return random.getstate(), numpy.random.get_state(legacy=False) if numpy is not None else None
-
-
-def generator_moved(before: tuple[Any, Any], after: tuple[Any, Any]) -> str | None:
-    """Which global generator moved between two states: 'random' or 'numpy.random', or None."""
-    if before[0] != after[0]:
-        return "random"
-    if before[1] is not None and after[1] is not None and _numpy_state_key(before[1]) != _numpy_state_key(after[1]):
-        return "numpy.random"
-    return None
-
-
-def _numpy_state_key(state: dict[str, Any]) -> tuple:
-    inner = state["state"]
-    return state["bit_generator"], tuple(inner["key"].tolist()), inner["pos"], state["has_gauss"], state["gauss"]
-
 
 def check_scoring_leaves_global_random_alone(ctx: Context) -> None:
     """No scoring the checker made (every pass) drew from the process's global random generators."""

@@ -81,8 +81,7 @@ def score_elsewhere(ref: str, samples: list[Any], hash_seed: str) -> list[Any]:
 
 def _score_here(request: dict[str, Any]) -> list[dict[str, Any]]:
     """The second process's side of `score_elsewhere`."""
-    from hubgym.conformance.common import Sample
-    from hubgym.conformance.process import score_with
+    from hubgym.conformance.common import Sample, score_with
 
     verifier = _load(request["ref"]).verifier()
     with at_clock(CHECK_CLOCKS[0]):
