@@ -97,8 +97,27 @@ def _scalar(value: Any, type_: pa.DataType) -> pa.Scalar:
     return pa.scalar(value, type_)
 
 
+@functools.lru_cache(maxsize=64)
 def _none(n: int) -> pa.Array:
-    return pa.nulls(n, pa.bool_()).fill_null(False)
+    """n times False (batches mostly share a few sizes: made once each)."""
+    return pa.array([False] * n, pa.bool_())
+
+
+class _Batch:
+    """A record batch as the rules read it: its columns, and each list column's lengths computed once (several
+    rules compare them)."""
+
+    def __init__(self, batch: pa.RecordBatch):
+        self.batch, self.num_rows, self.schema = batch, batch.num_rows, batch.schema
+        self._lengths: dict[str, pa.Array] = {}
+
+    def column(self, name: str) -> pa.Array:
+        return self.batch.column(name)
+
+    def lengths(self, name: str) -> pa.Array:
+        if name not in self._lengths:
+            self._lengths[name] = _false_on_null(pc.list_value_length(self.batch.column(name)), 0)
+        return self._lengths[name]
 
 
 def _rows_with(column: pa.Array, bad_values: Callable[[pa.Array], pa.Array]) -> pa.Array:
@@ -109,7 +128,7 @@ def _rows_with(column: pa.Array, bad_values: Callable[[pa.Array], pa.Array]) -> 
     bad = bad_values(flat)
     if not pc.any(bad).as_py():  # any() skips nulls: a null value breaks nothing
         return _none(len(column))
-    rows = pc.filter(pc.list_parent_indices(column), pc.fill_null(bad, False))
+    rows = pc.filter(pc.list_parent_indices(column), _false_on_null(bad))
     return pc.is_in(pa.array(range(len(column)), rows.type), value_set=rows)
 
 
@@ -117,7 +136,7 @@ def _first_item(column: str, bad_values: Callable[[pa.Array], pa.Array]) -> Call
     """The first bad value of a list cell, for the message."""
     def first(batch: pa.RecordBatch, row: int) -> Any:
         flat = pc.list_flatten(batch.column(column).slice(row, 1))
-        return pc.filter(flat, pc.fill_null(bad_values(flat), False))[0].as_py()
+        return pc.filter(flat, _false_on_null(bad_values(flat)))[0].as_py()
     return first
 
 
@@ -128,8 +147,8 @@ def _strings_not(column: pa.Array, ok: Callable[[str], bool]) -> pa.Array:
     return pc.is_in(column, value_set=pa.array(bad, column.type)) if bad else _none(len(column))
 
 
-def _lengths(batch: pa.RecordBatch, column: str) -> pa.Array:
-    return pc.fill_null(pc.list_value_length(batch.column(column)), _scalar(0, pa.int32()))
+def _lengths(batch: _Batch, column: str) -> pa.Array:
+    return batch.lengths(column)
 
 
 def _field(batch: pa.RecordBatch, column: str, name: str) -> pa.Array:
@@ -137,8 +156,9 @@ def _field(batch: pa.RecordBatch, column: str, name: str) -> pa.Array:
     return pc.struct_field(batch.column(column), name)
 
 
-def _false_on_null(mask: pa.Array) -> pa.Array:
-    return pc.fill_null(mask, _scalar(False, pa.bool_()))
+def _false_on_null(values: pa.Array, fill: Any = False) -> pa.Array:
+    """Nulls replaced by `fill` (False: a null breaks no rule); an array without nulls as it is (most are)."""
+    return values if values.null_count == 0 else pc.coalesce(values, _scalar(fill, values.type))
 
 
 def _lengths_shown(column: str) -> Callable[[pa.RecordBatch, int], Any]:
@@ -188,7 +208,8 @@ def _ids_ok(ids: Any, top: int) -> bool:
 
 def _empty_name(column: str) -> Rule:
     return Rule("name-set", column, "is not empty (the writer always names a row's ids)", (column,),
-                lambda b: _strings_not(b.column(column), bool), keeps=lambda r: r[column] != "")
+                lambda b: _false_on_null(pc.equal(pc.binary_length(b.column(column)), _scalar(0, pa.int32()))),
+                keeps=lambda r: r[column] != "")
 
 
 def _ids_in_range(column: str) -> Rule:
@@ -269,7 +290,7 @@ ROW_RULES: tuple[Rule, ...] = (
          lambda b: _false_on_null(_negative(b.column("num_turns"))),
          keeps=lambda r: _none_or(r["num_turns"], _at_least(0))),
     Rule("interaction-kind", "interaction", f"has a kind hubgym runs ({', '.join(KINDS)})", ("interaction",),
-         lambda b: _strings_not(pc.fill_null(_interaction("kind")(b), ""), KINDS.__contains__),
+         lambda b: _strings_not(_false_on_null(_interaction("kind")(b), ""), KINDS.__contains__),
          _cell("interaction", "kind"), lambda r: (r["interaction"] or {}).get("kind") in KINDS),
     Rule("interaction-turns", "interaction", "allows max_turns >= 1", ("interaction",),
          lambda b: _false_on_null(_below_one(_interaction("max_turns")(b))), _cell("interaction", "max_turns"),
@@ -281,7 +302,7 @@ ROW_RULES: tuple[Rule, ...] = (
          lambda r: (r["reward"] is None) != (r["error"] is None)),
     Rule("error-boundary", "error", f"names the boundary that failed ({', '.join(ERROR_BOUNDARIES)})", ("error",),
          lambda b: pc.and_(pc.is_valid(b.column("error")),
-                           _strings_not(pc.fill_null(_field(b, "error", "boundary"), ""),
+                           _strings_not(_false_on_null(_field(b, "error", "boundary"), ""),
                                         ERROR_BOUNDARIES.__contains__)),
          _cell("error", "boundary"), lambda r: r["error"] is None or r["error"].get("boundary") in ERROR_BOUNDARIES),
     Rule("metrics-finite", "metrics", "holds finite values", ("metrics",), _metrics_break,
@@ -320,6 +341,7 @@ def first_breach(batch: pa.RecordBatch, *, vocab_size: int | None = None) -> Bre
     whose columns the batch lacks are not checked (the trainer's sources read fewer columns)."""
     rules = ROW_RULES + (vocabulary_rules(vocab_size) if vocab_size is not None else ())
     names = set(batch.schema.names)
+    batch = _Batch(batch)
     found: tuple[int, int] | None = None  # (row, rule index)
     for i, rule in enumerate(rules):
         if not names.issuperset(rule.needs):
