@@ -7,14 +7,16 @@ re-scoring (`vf-replay`), side by side, in rows per second.
 The rollouts are real verifiers traces: `vf-eval hubgym_verifiers` plays `--env` (default wordle) against hubgym's
 instant server (`--limit` tasks x `-r` samples; replies a trained model would write), through verifiers' `null`
 harness (run by uv, as in tests/test_integration_verifiers.py). Their episode lines are repeated `--copies` times
-(each copy re-scored as its own trace), and `hubgym import verifiers` makes the same traces a hubgym run (one row a
-trace). Then, `--repeats` times, order alternating:
+(each copy's task ids suffixed, so a copy is its own tasks: groups of `-r` samples, as a run of many tasks has), and
+`hubgym import verifiers` makes the same traces a hubgym run (one row a trace). Then, `--repeats` times, order
+alternating:
 
 - verifiers: `vf-replay`'s own `run_replay` (verifiers.v1.cli.replay), in this process: it reads every trace,
   clears its scores, runs the taskset Task's reward hooks on it and appends the re-scored trace to its output. The
   taskset is `vf_rescore_taskset` (beside this script): `hubgym_verifiers` records rewards while an episode runs,
-  so its Task has no hook to re-run; that module's hook is what the episode's end does, from the saved trace
-  (hubgym's verifier, the same reward code hubgym runs).
+  so its Task has no hook to re-run, and its Env is not a SingleAgentEnv, which vf-replay refuses as multi-agent;
+  that module's hook is what the episode's end does, from the saved trace (hubgym's verifier, the same reward
+  code hubgym runs), and its Env is verifiers' SingleAgentEnv.
 - hubgym: `hubgym.rescore` (what `hubgym score` runs) over the imported run with `--out` (new shards beside the
   old columns), one worker process (`--workers`), and the default for the machine.
 
@@ -65,13 +67,34 @@ def vf_eval(model: Path, env: str, limit: int, samples: int, out: Path) -> Path:
 
 
 def copied(run: Path, copies: int, out: Path) -> Path:
-    """The run folder with its traces repeated `copies` times (its configs as they are)."""
+    """The run folder with its traces repeated `copies` times, its saved config naming the re-scoring taskset: vf-replay
+    refuses a run whose taskset exports an Env that is not a SingleAgentEnv (`hubgym_verifiers`' HubgymEnv) as
+    multi-agent, and takes the taskset's Env from the config the run saved."""
     import shutil
+
+    from verifiers.v1.cli.output import saved_config_path
 
     shutil.copytree(run, out)
     lines = [line for line in (run / "traces.jsonl").read_text().splitlines() if line.strip()]
-    (out / "traces.jsonl").write_text("\n".join(lines * copies) + "\n")
+    (out / "traces.jsonl").write_text("\n".join(_as_copy(line, k) for k in range(copies) for line in lines) + "\n")
+    config = saved_config_path(out)
+    saved = json.loads(config.read_text())
+    saved["env"]["taskset"]["id"] = TASKSET
+    config.write_text(json.dumps(saved))
     return out
+
+
+def _as_copy(line: str, k: int) -> str:
+    """An episode line whose tasks are copy k's own (task ids suffixed): each copy is a group of its own, as a run
+    of many tasks has, rather than one task with copies x samples rows (which would let a re-score decode each task
+    once for hundreds of rows)."""
+    episode = json.loads(line)
+    for trace in episode["traces"]:
+        data = trace["task"]["data"]
+        task = json.loads(data["hubgym_task"])
+        task["id"] = f"{task['id']}-copy{k}"
+        data["hubgym_task"] = json.dumps(task)
+    return json.dumps(episode)
 
 
 def replay_verifiers(source: Path, out: Path, env: str) -> tuple[float, list[float]]:
@@ -107,6 +130,7 @@ def main() -> None:
     parser.add_argument("-r", "--samples", type=int, default=4, help="samples per task")
     parser.add_argument("--copies", type=int, default=100, help="times each trace is repeated")
     parser.add_argument("--repeats", type=int, default=3, help="re-scores per side (order alternating)")
+    parser.add_argument("--traces", type=Path, help="a vf-eval run folder of the env to use (else vf-eval runs)")
     parser.add_argument("--no-write", action="store_true", help="print the table, leave bench/RESULTS.md alone")
     args = parser.parse_args()
     sys.path.insert(0, str(HERE))
@@ -121,13 +145,15 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-rescore-vf-"))
     model = default_tiny_model()
     with console.status("vf-eval: verifiers plays the env"):
-        source = copied(vf_eval(model, args.env, args.limit, args.samples, work / "vf-eval"), args.copies,
-                        work / "traces")
+        played = args.traces or vf_eval(model, args.env, args.limit, args.samples, work / "vf-eval")
+        source = copied(played, args.copies, work / "traces")
     with console.status("hubgym import verifiers"):
         imported = import_verifiers(source, work / "hubgym-run", model=str(model), logprobs=False)
     rescore(imported.out, workers=2)  # the pool starts before any side is timed, as in a session that re-scores
-    stored = [line for line in (source / "traces.jsonl").read_text().splitlines() if line.strip()]
-    traces = sum(len(json.loads(line)["traces"]) for line in stored)
+    stored = [t for line in (source / "traces.jsonl").read_text().splitlines() if line.strip()
+              for t in json.loads(line)["traces"]]
+    traces = len(stored)
+    stored_mean = statistics.fmean(sum(r["score"] * r["weight"] for r in t["rewards"].values()) for t in stored)
     sides = {"verifiers vf-replay": [], "hubgym score, 1 worker": [], "hubgym score, default workers": []}
     for repeat in range(args.repeats):
         order = list(sides) if repeat % 2 == 0 else list(reversed(sides))
@@ -139,18 +165,18 @@ def main() -> None:
                 seconds, rewards = rescore_hubgym(imported.out, out, 1 if "1 worker" in name else None)
             sides[name].append({"seconds": seconds, "rows": len(rewards), "mean": statistics.fmean(rewards)})
             console.print(f"{name}: {len(rewards):,} rows in {seconds:.2f} s")
-    report = table(sides, traces)
+    report = table(sides, traces, stored_mean)
     console.print(report)
     if not args.no_write:
         write_results(args, report, load, traces, imported.rows)
 
 
-def table(sides: dict[str, list[dict]], traces: int):
+def table(sides: dict[str, list[dict]], traces: int, stored_mean: float):
     from rich.table import Table
 
     base = statistics.median(r["rows"] / r["seconds"] for r in sides["verifiers vf-replay"])
     t = Table("side", "rows", "runs", "median s", "rows/s (median)", "vs vf-replay", "mean new reward",
-              title=f"re-scoring the same {traces:,} stored episodes")
+              title=f"re-scoring the same {traces:,} stored episodes (mean stored reward {stored_mean:.4f})")
     for name, runs in sides.items():
         rate = statistics.median(r["rows"] / r["seconds"] for r in runs)
         t.add_row(name, f"{runs[0]['rows']:,}", str(len(runs)), f"{statistics.median(r['seconds'] for r in runs):.2f}",

@@ -15,11 +15,10 @@ from functools import cache
 
 import verifiers.v1 as vf
 
-from hubgym.integrations.verifiers_env import (HubgymData, HubgymEnv, HubgymEnvConfig, HubgymTaskset,
-                                               HubgymTasksetConfig, record_score)
+from hubgym.integrations.verifiers_env import HubgymData, HubgymTaskset, HubgymTasksetConfig, record_score
 from hubgym.schemas.messages import message, user
 
-__all__ = ["HubgymData", "RescoredTask", "RescoredTaskset", "HubgymTasksetConfig", "HubgymEnv", "HubgymEnvConfig"]
+__all__ = ["HubgymData", "RescoredTask", "RescoredTaskset", "HubgymTasksetConfig"]  # no Env: verifiers' SingleAgentEnv
 
 
 @cache
@@ -31,7 +30,7 @@ def verifier_of(env: str):
 
 class RescoredTask(vf.Task[HubgymData, vf.State, vf.TaskConfig]):
     @vf.reward
-    def hubgym(self, trace) -> dict[str, float]:
+    async def hubgym(self, trace) -> dict[str, float]:
         """hubgym's score of the saved episode, each component recorded with its own weight (as `run` does);
         nothing recorded under this hook's own name."""
         row = json.loads(self.data.hubgym_task)

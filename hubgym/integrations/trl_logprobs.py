@@ -3,9 +3,9 @@
 TRL 1.16 returns the sampled tokens' logprobs only when vLLM generates (`use_vllm`). Its default path calls
 `model.generate` and keeps none, although every one of them was computed: each decoding step's forward pass
 returns the logits the next token is drawn from. `LogprobTap` is a forward hook on the model, active only while
-one `_generate_single_turn` call runs, that keeps each step's log-softmax until the next step's input (the token
-just sampled) says which entry to keep: one gather of a (B,) column per step, no extra forward pass, nothing of
-size vocabulary kept past one step. These are the raw model distribution's logprobs (before temperature, top-k/p
+one `_generate_single_turn` call runs, that keeps each step's logits until the next step's input (the token just
+sampled) says which entry to take: one cross-entropy call a step, no extra forward pass, nothing of size
+vocabulary kept past one step. These are the raw model distribution's logprobs (before temperature, top-k/p
 and other processing), as vLLM reports logprobs by default and as hubgym's own rollouts store them.
 
 The tap checks itself: the tokens its gathers used must be the tokens TRL returns, row by row, or it gives no
@@ -56,12 +56,11 @@ class LogprobTap:
         if logits is None or ids is None or self.failed:
             self.failed = True
             return
-        with torch.no_grad():
-            if self._pending is not None:  # this step's input is the token sampled from the last step's logits
-                token = ids[:, -1:].to(self._pending.device)
-                self._steps.append(self._pending.gather(1, token)[:, 0])  # on the device: no sync per step
-                self._tokens.append(token[:, 0])
-            self._pending = torch.log_softmax(logits[:, -1, :].float(), dim=-1)  # (B, V)
+        if self._pending is not None:  # this step's input is the token sampled from the last step's logits
+            token = ids[:, -1:].to(self._pending.device)
+            self._steps.append(_logprob(self._pending, token))  # (B,), on the device: no sync per step
+            self._tokens.append(token[:, 0])
+        self._pending = logits[:, -1, :]  # (B, V), kept as it is (generate copies what it processes)
 
     def logprobs(self, completion_ids: list[list[int]]) -> list[list[float] | None]:
         """Each row's logprobs for its returned ids; None where the gathered tokens are not those ids."""
@@ -71,7 +70,7 @@ class LogprobTap:
         steps = len(self._steps) + 1  # tokens sampled: the last one's logits are still pending
         device = self._pending.device
         last = torch.tensor([ids[-1] if len(ids) == steps else 0 for ids in completion_ids], device=device)
-        values = torch.stack([*self._steps, self._pending.gather(1, last[:, None])[:, 0]], dim=1).cpu()  # (B, T)
+        values = torch.stack([*self._steps, _logprob(self._pending, last[:, None])], dim=1).cpu()  # (B, T)
         tokens = torch.stack([*self._tokens, last], dim=1).cpu()  # (B, T)
         out: list[list[float] | None] = []
         for i, ids in enumerate(completion_ids):
@@ -79,6 +78,13 @@ class LogprobTap:
             ok = n <= steps and tokens[i, :n].tolist() == list(ids)
             out.append(values[i, :n].tolist() if ok else None)
         return out
+
+
+def _logprob(logits: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """(B,) log-softmax of `logits` (B, V) at `token` (B, 1), as one call (minus the cross-entropy of the token): a
+    step of a small model costs few more calls than this one."""
+    with torch.no_grad():
+        return -torch.nn.functional.cross_entropy(logits.float(), token[:, 0], reduction="none")
 
 
 @dataclass
