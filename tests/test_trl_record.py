@@ -215,6 +215,8 @@ def test_view_serves_the_recorded_run(recorded, tiny_model):
         row = run.rows()[0]
         page = httpx.get(f"{base}/run/0/rollout/{row['rollout_id']}").text
         assert row["completion"][1]["content"].split(" ->")[0] in page and "act" in page
+        first_step = next(m["value"] for m in row["metrics"] if m["name"] == "step/0/reward")
+        assert f'<b class="step-reward">{first_step:.3f}</b>' in page  # the act call that stepped, with its reward
     finally:
         server.should_exit = True
         thread.join(10)

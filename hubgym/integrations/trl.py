@@ -44,7 +44,7 @@ from hubgym.integrations.trl_messages import (INSTALL, TASK_COLUMN, from_trl_com
                                               played_through_act, trl_message)
 from hubgym.schemas.messages import Message, assistant, tool_call, user
 from hubgym.schemas.tasks import Task
-from hubgym.verifiers.act import ACT_TOOL, ActEpisode
+from hubgym.verifiers.act import ACT_TOOL, ENV_FAILED, ActEpisode
 from hubgym.verifiers.contract import ANSWER_FOUND, Score, Verifier
 
 ACT_NOTE = (f"Make each move by calling the tool `{ACT_TOOL}` with the move as `action`, written as asked above; "
@@ -241,13 +241,13 @@ class HubgymTRLEnv:
         if self.episode is None or self.task is None:
             raise RuntimeError("act called before reset")
         if self.error is not None:
-            return f"Error: the environment failed ({self.error['type']}); the episode is over."
+            return f"{ENV_FAILED} ({self.error['type']}); the episode is over."
         try:
             outcome = self.episode.act(action)
         except Exception as exc:  # the env failed: recorded, the episode stops (a bad rollout is data)
             self.error = {"boundary": "env", "type": type(exc).__name__, "message": str(exc)[:2000]}
             self.episode.done = True
-            return f"Error: the environment failed ({type(exc).__name__}); the episode is over."
+            return f"{ENV_FAILED} ({type(exc).__name__}); the episode is over."
         if outcome.reward is not None:
             self.trajectory.append(assistant(action))
             if outcome.observation:

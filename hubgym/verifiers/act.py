@@ -34,6 +34,7 @@ EPISODE_OVER = "The episode is over; stop calling act."
 NO_TURNS_LEFT = "No turns are left; the episode is over."
 ENDED = "The episode is over."  # the result of a step that ended the episode with no observation
 NOT_TEXT = "Error: act takes your move as text (action: a string)."
+ENV_FAILED = "Error: the environment failed"  # how a call whose step raised is answered (then the episode is over)
 
 
 def driven_by_act(interaction: dict[str, Any]) -> bool:

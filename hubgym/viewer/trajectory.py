@@ -13,7 +13,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from hubgym.verifiers.act import (ACT_TOOL, ENV_FAILED, EPISODE_OVER, NO_TURNS_LEFT, NOT_TEXT, act_action,
+                                  driven_by_act)
 from hubgym.verifiers.contract import stored_step_rewards
+
+REFUSALS = (EPISODE_OVER, NO_TURNS_LEFT, NOT_TEXT)
 
 Decode = Callable[[int], str]
 
@@ -86,17 +90,39 @@ class Component:
 
 
 def messages(row: dict[str, Any]) -> list[ShownMessage]:
-    """Prompt then completion; a multi_turn row's env actions (assistant turns without tool calls) carry their step
-    number and the step reward stored for it."""
+    """Prompt then completion; a multi_turn row's env actions carry their step number and the step reward stored for
+    it: assistant turns without tool calls, or, in a row played through the tool `act` (TRL's environment
+    interface), the turns whose `act` calls stepped the env (`_act_steps`)."""
     steps = stored_step_rewards(_named(row.get("metrics")))  # None: not a multi_turn row (no step was taken)
+    completion = row.get("completion") or []
+    by_act = steps is not None and driven_by_act(row.get("interaction") or {"kind": ""})
+    stepping = _act_steps(completion) if by_act else None
     out = [_shown(m, "prompt", None, None) for m in row.get("prompt") or []]
     action = 0
-    for m in row.get("completion") or []:
+    for i, m in enumerate(completion):
         step = None
-        if steps is not None and m.get("role") == "assistant" and not m.get("tool_calls"):
+        if stepping is not None:
+            step = stepping.get(i)
+        elif steps is not None and m.get("role") == "assistant" and not m.get("tool_calls"):
             step, action = action, action + 1
         out.append(_shown(m, "completion", step, steps.get(step) if step is not None else None))
     return out
+
+
+def _act_steps(completion: list[dict[str, Any]]) -> dict[int, int]:
+    """{message index: its first step} for the assistant turns whose `act` calls stepped the env: read from the
+    stored results (a call that did not step was answered with one of the tool's fixed refusals, or not run)."""
+    results = {m.get("tool_call_id"): m.get("content") for m in completion if m.get("role") == "tool"}
+    found, step = {}, 0
+    for i, m in enumerate(completion):
+        for call in (m.get("tool_calls") or []) if m.get("role") == "assistant" else []:
+            result = results.get(call.get("id"))
+            if call.get("name") != ACT_TOOL or result is None or not act_action(call.get("arguments"))[0] \
+                    or result in REFUSALS or str(result).startswith(("{'error'", ENV_FAILED)):
+                continue
+            found.setdefault(i, step)
+            step += 1
+    return found
 
 
 def _shown(m: dict[str, Any], part: str, step: int | None, reward: float | None) -> ShownMessage:
