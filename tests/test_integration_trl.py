@@ -225,3 +225,35 @@ def test_a_template_that_writes_no_tool_calls_is_returned_as_it_is(smollm2_token
     template = smollm2_tokenizer.chat_template
     assert tool_parsing_tokenizer(smollm2_tokenizer) is smollm2_tokenizer
     assert smollm2_tokenizer.chat_template == template and getattr(smollm2_tokenizer, "response_template", None) is None
+
+
+def test_a_recorded_row_says_when_trl_kept_no_sampling_logprobs_and_keeps_the_row_contract():
+    """What the recorder stores of a batch (trl_rows.batch_rows), built from TRL's own outputs: a row TRL's
+    generation kept no logprobs for has none and says so (metric and provenance); every row keeps the row contract."""
+    from hubgym.integrations.trl_rows import GenerationBatch, RunContext, batch_rows
+    from hubgym.schemas.row_contract import row_breach
+
+    env = trl_env("arithmetic:tiny", split="train", limit=1)
+    row = dict(env.train_dataset[0])
+    answer = json.loads(row[TASK_COLUMN])["info"]["answer"]
+    completions = [[{"role": "assistant", "content": f"<answer>{answer}</answer>"}],
+                   [{"role": "assistant", "content": "no idea"}]]
+    batch = GenerationBatch(step=3, index=0, inputs=[row, row], prompts=[row["prompt"]] * 2, prompt_ids=[[5, 6]] * 2,
+                            completion_ids=[[7, 8, 2], [9, 9]], tool_mask=None, completions=completions,
+                            logprobs=[[-0.5, -0.25, -0.125], None],
+                            scores=env.scorer.scores(completions, [row[TASK_COLUMN]] * 2, None), seconds=2.0)
+    context = RunContext(run_id="trl-0123456789ab", env=env, model="m", sampling={"n": 2}, engine_version="trl 1.16.0",
+                         stop_ids=frozenset({2}), tool_schemas=None)
+    kept, missing = batch_rows(batch, context)
+    assert [r["sample"] for r in (kept, missing)] == [0, 1] and kept["group"] == missing["group"]
+    assert kept["rollout_id"] == f"trl-0123456789ab-s3g0-{kept['task_id']}-0"
+    assert kept["provenance"]["policy_version"] == 3
+    assert (kept["reward"], missing["reward"]) == (1.0, 0.0)
+    assert (kept["finish_reason"], kept["truncated"], missing["finish_reason"], missing["truncated"]) == (
+        "stop", False, "length", True)
+    metrics = [{m["name"]: m["value"] for m in r["metrics"]} for r in (kept, missing)]
+    assert [m["trl/sampling_logprobs"] for m in metrics] == [1.0, 0.0]
+    assert missing["completion_logprobs"] == [] and missing["provenance"]["engine_version"].endswith(
+        "no sampling logprobs")
+    assert kept["completion_logprobs"] == [-0.5, -0.25, -0.125] and kept["completion_mask"] == [1, 1, 1]
+    assert row_breach(kept) is None and row_breach(missing) is None
