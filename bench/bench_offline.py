@@ -43,6 +43,7 @@ from results import write_section  # noqa: E402
 
 HEADING = "## Offline then online: what a rollout dataset buys (SmolLM2-135M-Instruct, arithmetic:sums)"
 ENV = "arithmetic:sums"
+DATA_N = 8  # samples of each training sum in the dataset: the config's grpo.n, so its groups are whole GRPO groups
 ARMS = {
     "online": [],
     "sft": ["offline.loss=sft"],
@@ -133,7 +134,8 @@ def plot(curves: dict[str, dict[int, list[float]]], path: Path, offline_steps: i
 def table(curves: dict[str, dict[int, list[float]]], seeds: list[int]) -> str:
     steps = sorted({s for c in curves.values() for s in c})
     final = statistics.mean(curves["online"][max(curves["online"])])
-    head = "| arm | " + " | ".join(f"after {s} online" for s in steps) + " | online steps to reach online-only's final |"
+    columns = " | ".join(f"after {s} online" for s in steps)
+    head = f"| arm | {columns} | online steps to reach online-only's final |"
     lines = [head, "|" + " --- |" * (len(steps) + 2)]
     for arm, by_step in curves.items():
         means = {s: statistics.mean(v) for s, v in by_step.items()}
@@ -151,7 +153,6 @@ def main() -> None:
     parser.add_argument("--online-steps", type=int, default=8)
     parser.add_argument("--eval-every", type=int, default=2)
     parser.add_argument("--eval-n", type=int, default=4)
-    parser.add_argument("--data-n", type=int, default=8, help="samples of each training sum in the dataset")
     parser.add_argument("--out", type=Path, default=Path("out/bench-offline"))
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
@@ -165,7 +166,7 @@ def main() -> None:
     engine = make_engine("vllm", model, max_model_len=512, settings=EngineSettings(dtype="float32"),
                          separate_core=True)
     try:
-        ref, data = make_dataset(model, args.out, args.data_n, engine)
+        ref, data = make_dataset(model, args.out, DATA_N, engine)
         print(f"dataset {ref}: {data}", flush=True)
         curves: dict[str, dict[int, list[float]]] = {arm: {} for arm in args.arms}
         for seed in args.seeds:
@@ -193,7 +194,7 @@ def report(curves, args, data: dict, minutes: float) -> str:
 Method: `python bench/bench_offline.py --seeds {' '.join(map(str, args.seeds))} --offline-steps {args.offline_steps} \
 --online-steps {args.online_steps} --eval-every {args.eval_every} --eval-n {args.eval_n}`. SmolLM2-135M-Instruct,
 the shipped `smollm2-sums` config (lr 1e-5, 8 groups x 8 samples a step, 32 tokens a reply). The dataset, made
-once: {data['rows']} rollouts ({args.data_n} of each training sum, {data['tokens']:,} sampled tokens, \
+once: {data['rows']} rollouts ({DATA_N} of each training sum, {data['tokens']:,} sampled tokens, \
 {data['right']} right, {data['seconds']:.0f} s to sample), pushed to a local hub and read pinned to its revision. \
 Every offline arm takes {args.offline_steps} offline steps of 8 groups, then {args.online_steps} online steps; \
 held-out: the 32 test sums x {args.eval_n} samples, evaluated after the offline phase (column 0) and every \
