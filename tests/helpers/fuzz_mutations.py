@@ -341,8 +341,8 @@ def shard_problem(data: bytes, schema: pa.Schema, recorded_rows: int | None, see
             if len(set(ids)) != len(ids) or seen_ids & set(ids):
                 return "a rollout id twice"
             seen_ids.update(ids)
-            values += batch.to_pylist()
-    except (pa.ArrowException, ValueError, RecursionError, OSError) as exc:
+            values += batch.to_pylist()  # a date Python cannot hold is an OverflowError here: invalid data
+    except (pa.ArrowException, ValueError, RecursionError, OSError, OverflowError) as exc:
         return f"{type(exc).__name__}"
     if recorded_rows is not None and rows != recorded_rows:
         return "rows differ from the recorded count"
