@@ -29,8 +29,10 @@ from typing import Any, Callable
 from pyarrow import ArrowException
 
 from hubgym.errors import ResultsError
+from hubgym.files import read_small_file
 from hubgym.integrations.verifiers_traces import (
-    calls_of, created_at, iter_traces, messages_of, optional, rewards_of, stored_tokens, task_of, traces_file,
+    MAX_FILE_BYTES, calls_of, created_at, iter_traces, messages_of, optional, rewards_of, stored_tokens, task_of,
+    traces_file,
 )
 from hubgym.schemas.messages import message
 from hubgym.schemas.version import SCHEMA_VERSION
@@ -56,7 +58,10 @@ def import_verifiers(results: str | Path, out: str | Path, *, model: str, logpro
     contract a row would break); every row is made and checked before anything is written, and a write that fails
     anyway takes away what it wrote: `out` is left as it was found."""
     path = traces_file(Path(results))
-    data = path.read_bytes()
+    try:  # read from the descriptor checked to be a regular file of bounded size (not the path again)
+        data = read_small_file(path, MAX_FILE_BYTES)
+    except ValueError as exc:
+        raise ResultsError(f"{path} cannot be read ({exc})", path=str(path)) from None
     run_id = "vf-" + hashlib.sha256(data).hexdigest()[:12]  # re-importing the same results writes the same run
     deriver = Deriver(model, logprobs)
     rows, places = [], []
