@@ -127,7 +127,7 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
     specs: dict[str, VerifierSpec] = {}
     target = (lambda index: output.path(index)) if output else (lambda index: None)
     pending: deque[tuple[list[int], Future]] = deque()
-    bad: list[tuple[str, int | None, str]] = []  # (shard, rows, what broke)
+    bad: list[tuple[str, int | None, ShardError]] = []  # (shard, rows, what broke)
     seen = SeenRollouts()  # a rollout id two shards hold: the second is a bad shard
 
     def finished(indices: list[int], future: Future) -> Iterator[ShardResult]:
@@ -139,9 +139,11 @@ def _shard_parts(scorer: "Scorer", choice: VerifierChoice, shards: list[ShardSou
             if part.error is None and part.diff_rows is not None:
                 part.error = _repeated(seen, part, target(index))
             if part.error is not None:
+                column, row, rule = part.broke or (None, None, None)
+                error = ShardError(part.error, shard=part.shard, column=column, row=row, rule=rule)
                 if not skip_bad:
-                    raise ShardError(part.error, shard=part.shard)
-                bad.append((part.shard, shard_rows(shards[index]), part.error))
+                    raise error
+                bad.append((part.shard, shard_rows(shards[index]), error))
                 continue
             if output and part.output:
                 output.record(part.output)

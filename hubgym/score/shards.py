@@ -50,6 +50,7 @@ class ShardResult:
     rows: int = 0
     missing: list[str] = field(default_factory=list)  # envs with no spec given: nothing scored or written
     error: str | None = None  # the shard failed its checks (ShardError's message): nothing scored or written
+    broke: tuple[str | None, int | None, str | None] | None = None  # (column, row, rule) of that error, if a row
     diff_rows: pa.Table | None = None  # diff.COLUMNS of its rows (ids, stored and new rewards and metrics)
     run_ids: set[str] = field(default_factory=set)
     output: dict | None = None  # {"name", "rows", "sha256"} of the output shard written
@@ -86,8 +87,8 @@ def rescore_shards(shards: Sequence[ShardSource | LoadedShard | str | Path], spe
     results, opened = [], []  # opened: (result, batches, out) of the shards that passed their checks
     for shard, out in zip(shards, outs, strict=True):
         name, batches = _open(shard)
-        if isinstance(batches, str):
-            results.append(ShardResult(name, error=batches))
+        if isinstance(batches, ShardError):
+            results.append(ShardResult(name, error=str(batches), broke=(batches.column, batches.row, batches.rule)))
         else:
             results.append(ShardResult(name, sum(b.num_rows for b in batches)))
             opened.append((results[-1], batches, out))
@@ -109,8 +110,8 @@ def rescore_shards(shards: Sequence[ShardSource | LoadedShard | str | Path], spe
     return results
 
 
-def _open(shard: ShardSource | LoadedShard | str | Path) -> tuple[str, list[pa.RecordBatch] | str]:
-    """(name, batches) of a shard that passes its checks, or (name, the ShardError message)."""
+def _open(shard: ShardSource | LoadedShard | str | Path) -> tuple[str, list[pa.RecordBatch] | ShardError]:
+    """(name, batches) of a shard that passes its checks, or (name, its ShardError)."""
     loaded = shard if isinstance(shard, LoadedShard) else None
     source = (loaded.source if loaded else shard if isinstance(shard, ShardSource)
               else ShardSource(str(shard), str(shard)))
@@ -119,7 +120,7 @@ def _open(shard: ShardSource | LoadedShard | str | Path) -> tuple[str, list[pa.R
         for number, batch in enumerate(batches):
             check_columns(batch, f"shard {source.name}, record batch {number}")
     except ShardError as exc:
-        return source.name, str(exc)
+        return source.name, exc
     return source.name, batches
 
 
