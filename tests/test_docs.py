@@ -36,7 +36,7 @@ from sybil.parsers.markdown import SkipParser
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = sorted((ROOT / "docs").rglob("*.md"))  # README.md joins when it is shortened
+PAGES = sorted([ROOT / "README.md", *(ROOT / "docs").rglob("*.md")])
 RUN = {"python", "bash"}
 DATA = {"yaml", "toml", "json", "jsonl"}
 SHOWN = {"text", "markdown", "ini", "jinja"}  # output and other text, never run
