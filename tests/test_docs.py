@@ -120,10 +120,17 @@ def test_every_fence_names_a_language_and_every_skip_a_reason():
 
 
 def test_the_examples_that_are_not_run_say_why():
-    """What is left out, counted: the skip reasons of every page (a GPU, a cluster, a long job, a test that runs it)."""
+    """A skip says why (a GPU, a cluster, a long job, a test that runs the same thing), and a test it names exists."""
     skipped = [(b.where, reason) for page in PAGES for b, reason in blocks(page) if reason]
     ran = [b for page in PAGES for b, reason in blocks(page) if reason is None and b.language in RUN]
     assert ran and all(len(reason) > 10 for _, reason in skipped), skipped
+    missing = []
+    for where, reason in skipped:
+        for path, name in re.findall(r"(tests/[\w/]+\.py)(?:::(\w+))?", reason):
+            source = ROOT / path
+            if not source.is_file() or (name and not re.search(rf"^def {name}\(", source.read_text(), re.M)):
+                missing.append(f"{where}: names {path}{'::' + name if name else ''}, which does not exist")
+    assert missing == []
 
 
 @pytest.mark.parametrize("page", [pytest.param(p, id=page_id(p), marks=[pytest.mark.slow] if is_slow(p) else [])
