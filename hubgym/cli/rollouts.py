@@ -121,7 +121,8 @@ def rollout(
     config.vllm.check_for(config.engine)  # before any model loads: one line naming the setting
     if config.engine == "openai":  # the model is a name the server knows; its limit is the server's
         if not config.base_url:
-            fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: see the README)")
+            fail("--engine openai needs --base-url, e.g. http://127.0.0.1:8000/v1 (a vLLM server: "
+                 "`hubgym serve MODEL` starts one)")
         if config.model in LOCAL_NAMES:  # the folder hubgym made here: the server serves it, its tokenizer is here
             config = replace(config, model=resolve_model(config.model, setting="--model"))
         elif config.mode in ("tokens", "chat_tokens"):  # token-in: the model's tokenizer must load here, offline too
