@@ -3,7 +3,7 @@ hubgym writer writes: every reader refuses each with one ShardError naming the f
 before any of its values is used. The fuzzer's crash cases (fuzz_mutations.CRASH_CASES: a segmentation fault,
 tracebacks and silent reads before) are one line from the installed command; a rollout stored twice is refused
 naming the shard; a non-finite stored reward counts as an error and is named; a reward near the largest float
-is drawn; and the fuzzer (helpers/fuzz_stored.py) runs 250 mutants of real stored files with no traceback, signal,
+is drawn; and the fuzzer (helpers/fuzz_stored.py) runs 80 mutants of real stored files with no traceback, signal,
 silent success or hang."""
 
 from __future__ import annotations
@@ -253,14 +253,14 @@ def test_the_report_plot_draws_rewards_and_components_near_the_largest_float(goo
 
 
 @pytest.mark.slow
-def test_250_mutants_of_stored_files_give_no_traceback_signal_silent_success_or_hang(tmp_path):
+def test_80_mutants_of_stored_files_give_no_traceback_signal_silent_success_or_hang(tmp_path):
     """The fuzzer as CI runs it (the 10,000-mutant run in bench/RESULTS.md is the same with --mutants 10000)."""
     from helpers.fuzz_stored import BAD, TARGETS, fuzz
 
-    outcomes = fuzz(seed=0, mutants=250, root=tmp_path / "corpus", out=tmp_path / "out")
+    outcomes = fuzz(seed=0, mutants=80, root=tmp_path / "corpus", out=tmp_path / "out")
     bad = [o for o in outcomes if o["outcome"] in BAD]
     assert not bad, "\n".join(f"{o['outcome']}: mutant {o['index']} ({o['kind']}, {o['mutation']}): {o['detail']}"
                               for o in bad[:20])
-    assert len(outcomes) == 250 and {o["kind"] for o in outcomes} == set(TARGETS)
+    assert len(outcomes) == 80 and {o["kind"] for o in outcomes} == set(TARGETS)
     counts = {name: sum(o["outcome"] == name for o in outcomes) for name in ("clean error", "valid success")}
-    assert counts["clean error"] > 50 and counts["valid success"] > 10, counts  # refusals and reads both happen
+    assert counts["clean error"] > 16 and counts["valid success"] > 3, counts  # refusals and reads both happen

@@ -308,7 +308,7 @@ def test_a_hub_run_pushed_over_http_is_viewed_shard_by_shard(page, runs, hub_cli
     assert store.runs[0].index.height == rows_of(runs.tools).height and len(store.runs[0].shards) == 3
     with Served(make_app(store)) as url:
         page.goto(f"{url}/run/0/rollouts")
-        page.click("table.rollouts a >> nth=0")
+        page.click("table.rollouts tr.rollout-row a >> nth=0")
         assert page.locator(".tool-call .tool-name").first.inner_text() == "calculator"
         assert page.locator(".tokens .tok").first.inner_text().startswith("[")  # no tokenizer named: ids
     assert hub_client.count("GET", r"/resolve/") >= 3  # each shard fetched on its own

@@ -45,8 +45,10 @@ def evaluate_model(
     set_verbose(verbose)
     from hubgym.models import context_length, resolve_model
     from hubgym.engines import make_engine
+    from hubgym.rollout.run import check_at_most
     from hubgym.train.evaluate import evaluate
 
+    check_at_most("n", n)  # before the engine starts
     folder = resolve_model(model, setting="--model")
     length = context_length(folder, max_model_len, setting="--max-model-len")
     engine = make_engine("vllm", folder, max_model_len=length, seed=seed)

@@ -511,3 +511,15 @@ CHECKS: list[Callable[[Context], None]] = [
 ]
 """The checks, in the order they run: builder, tasks, verifier, golden cases, scoring (its process: global random
 state, hash seed, environment, age), multi_turn."""
+
+PROCESS_CHECKS = (check_rows_independent_of_hash_seed, check_scoring_leaves_global_random_alone,
+                  check_scoring_independent_of_hash_seed, check_scoring_independent_of_environment,
+                  check_scoring_stable_over_many_calls)
+"""The checks that start other processes, fresh imports or long loops (seconds an env): what makes `hubgym check`
+slow. Envs of one family share their builder and verifier code, so a sweep over a family can run these on a few
+of its envs and the rest of CHECKS (`per_env_checks()`) on every one."""
+
+
+def per_env_checks() -> list[Callable[[Context], None]]:
+    """CHECKS without PROCESS_CHECKS, in order."""
+    return [check for check in CHECKS if check not in PROCESS_CHECKS]

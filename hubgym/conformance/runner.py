@@ -121,15 +121,18 @@ def iter_checks(env: str | type[TaskBuilder], *, configs: Configs = None, max_ro
 
 
 def check_env(env: str | type[TaskBuilder], *, configs: Configs = None, max_rows: int = 200,
-              build_rows: int | None = None) -> list[CheckResult]:
+              build_rows: int | None = None, checks: list[Callable[[Context], None]] | None = None
+              ) -> list[CheckResult]:
     """Run every check on one env (resolved with hubgym.envs.resolve_env).
 
     Never raises for a check failure: each failure is a CheckResult with ok=False and the message.
     `configs` limits the configs built (default: all; Only.DEFAULT: the one built when none is named);
     `max_rows` caps the rows scored per split; `build_rows` caps the rows each split is built with (default:
-    every row its config declares).
+    every row its config declares); `checks` runs these checks of CHECKS only, in CHECKS' order (default: all).
     """
-    return list(iter_checks(env, configs=configs, max_rows=max_rows, build_rows=build_rows))
+    chosen = None if checks is None else [c for c in CHECKS if c in checks]
+    return [result for result, _ in iter_outcomes(env, configs=configs, max_rows=max_rows, build_rows=build_rows,
+                                                  checks=chosen)]
 
 
 def assert_env_ok(env: str | type[TaskBuilder], **kwargs: Any) -> None:

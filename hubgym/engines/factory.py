@@ -29,5 +29,5 @@ def make_engine(kind: str, model: str, *, max_model_len: int | None = 1024, seed
         if not base_url:
             raise EngineError("engine 'openai' needs --base-url (e.g. http://127.0.0.1:8000/v1)")
         settings.check_for(kind)
-        return OpenAIEngine(model, base_url, mode=mode, max_model_len=max_model_len or 1024)
+        return OpenAIEngine(model, base_url, mode=mode, max_model_len=max_model_len)
     raise EngineError(f"engine is {kind!r}; use one of {', '.join(KINDS)}")

@@ -14,6 +14,7 @@ from typing import Any
 
 from hubgym.engines.base import Request, Sample, SamplingArgs
 from hubgym.errors import EngineError, RequestError
+from hubgym.models.refs import FALLBACK_CONTEXT
 
 MODES = ("tokens", "chat", "chat_tokens")  # token-in completions, the server's chat template, both
 
@@ -44,7 +45,8 @@ class OpenAIEngine:
     MODES = MODES
 
     def __init__(self, model: str, base_url: str, *, mode: str = "tokens", api_key: str | None = None,
-                 max_model_len: int = 1024, max_retries: int = 4, timeout_s: float = 120.0, concurrency: int = 256,
+                 max_model_len: int | None = None, max_retries: int = 4, timeout_s: float = 120.0,
+                 concurrency: int = 256,
                  extra_body: dict[str, Any] | None = None, return_token_ids: bool = True):
         import aiohttp  # noqa: F401 (the HTTP client: refused here, not at the first request, when missing)
 
@@ -53,7 +55,8 @@ class OpenAIEngine:
         if mode != "chat" and not return_token_ids:
             raise ValueError(f"OpenAIEngine mode {mode!r} is token-in and needs return_token_ids=True; "
                              f"use mode 'chat' for servers without token ids")
-        self.model, self.base_url, self.mode, self.max_model_len = model, base_url, mode, max_model_len
+        self.model, self.base_url, self.mode = model, base_url, mode
+        self.max_model_len = max_model_len or FALLBACK_CONTEXT  # None: a served model's context as runs assume it
         self.token_in = mode in ("tokens", "chat_tokens")
         self.version = f"openai-{_openai_version()}"
         self.max_retries, self.timeout_s, self.concurrency = max_retries, timeout_s, concurrency

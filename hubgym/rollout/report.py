@@ -47,7 +47,7 @@ def reward_figure(rollouts: pl.LazyFrame, k: int | None = None):
 
 
 def _env_axis(ax, envs: list[str], labels: list[str] | None = None) -> None:
-    ax.set_xticks(range(len(envs)), [plain(label) for label in labels or envs], fontsize=8)  # stored names
+    ax.set_xticks(range(len(envs)), labels or [plain(env) for env in envs], fontsize=8)
     ax.set_xlim(-0.7, len(envs) - 0.3)
 
 
@@ -62,8 +62,8 @@ def _plot_counts(ax, envs: list[str], table: pl.DataFrame, counts: pl.DataFrame)
             for reward, rows in part.select("reward", "rows").iter_rows():
                 ax.annotate(f"{rows}", (i, _drawable([reward])[0]), xytext=(9, -3), textcoords="offset points",
                             fontsize=7)
-    labels = [f"{r['env']}\n{r['rollouts']} rows, {r['groups']} groups\n{round(r['errors'] * r['rollouts'])} errors"
-              for r in table.iter_rows(named=True)]
+    labels = [f"{plain(r['env'])}\n{r['rollouts']} rows, {r['groups']} groups\n"
+              f"{round(r['errors'] * r['rollouts'])} errors" for r in table.iter_rows(named=True)]
     _env_axis(ax, envs, labels)
     _pad(ax, counts["reward"].to_list(), 0.15)
     ax.set_ylabel("reward")

@@ -49,6 +49,13 @@ AT_MOST: dict[str, tuple[int, str]] = {
 """Upper bounds, checked before any engine starts: a count past them would start vLLM and then never end."""
 
 
+def check_at_most(name: str, value: int) -> None:
+    """SettingError when `value` is past AT_MOST's bound for `name` (the command line's eval checks it too)."""
+    high, why = AT_MOST.get(name, (None, ""))
+    if high is not None and value > high:
+        raise SettingError(f"{name}={value:,} is past the {high:,} hubgym takes: {why}", setting=name)
+
+
 @dataclass
 class RolloutConfig:
     """Everything that defines a rollout run (the run id is a hash of it, minus the worker fields)."""
@@ -91,9 +98,7 @@ class RolloutConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise SettingError(f"{name}={value!r} must be a whole number >= {low}", setting=name)
-            high, why = AT_MOST.get(name, (None, ""))
-            if high is not None and value > high:
-                raise SettingError(f"{name}={value:,} is past the {high:,} hubgym takes: {why}", setting=name)
+            check_at_most(name, value)
         if self.shard_index >= self.num_shards:
             raise SettingError(f"shard_index={self.shard_index} must be below num_shards={self.num_shards} (worker i "
                                f"of N is shard_index i, 0 to N-1)", setting="shard_index")

@@ -1,9 +1,9 @@
 """Verifier for `arithmetic`: exact integer match of the answer, read the way the prompt asks for it.
 
-A prompt that asks for <answer></answer> is answered by the tag; one that asks "Reply with just the number."
-(the `sums` config) is answered by a reply that is the number alone, or that ends with one final "... = N"
-(an equation it worked out): a number elsewhere in a rambling reply states nothing. Other prompts take the
-tag, then \\boxed{}, then the last number.
+A prompt that asks "Reply with just the number." (the `sums` config) is answered by a reply that is the number
+alone, or that ends with one final "... = N" (an equation it worked out): a number elsewhere in a rambling reply
+states nothing. The other configs (which ask for <answer></answer>) take the tag, then \\boxed{}, then the last
+number, as v1 did; the weight-0 `formatted` metric says whether the tag was there.
 
 Its rewards are batch rewards: one call scores a whole batch (a rollout group, a re-score's record
 batch), which spares the contract's per-row call and checks of each reward (~7% of a re-score's
@@ -12,10 +12,10 @@ reward code, bench/RESULTS.md); every row's value depends on that row alone.
 
 from __future__ import annotations
 
-from hubgym.schemas import Message, Task
 import re
 
-from hubgym.verifiers.rewards import answer_in_format, extract_tag, final_text
+from hubgym.schemas import Message, Task
+from hubgym.verifiers.rewards import answer_in_format, extract_answer, extract_tag, final_text
 
 JUST_THE_NUMBER = "Reply with just the number."  # what the `sums` prompts ask
 _NUMBER = r"-?\d+(?:\.\d+)?"
@@ -45,10 +45,14 @@ def stated_number(text: str) -> str | None:
 
 
 def correct(tasks: list[Task], completions: list[list[Message]]) -> list[float]:
-    """1.0 for each row whose answer, in the format its prompt asks for (parse_answer), equals its expression's
-    value."""
-    return [_equals(parse_answer(task, completion), task["info"]["answer"])
-            for task, completion in zip(tasks, completions)]
+    """1.0 for each row whose answer equals its expression's value: for the `sums` prompts the number it states
+    (stated_number); for the others, as in v1, the <answer> tag, else \\boxed{}, else the last number."""
+    return [_equals(_answer(task, completion), task["info"]["answer"]) for task, completion in zip(tasks, completions)]
+
+
+def _answer(task: Task, completion: list[Message]) -> str | None:
+    text = final_text(completion)
+    return stated_number(text) if _asks_for_the_number(task) else extract_answer(text)
 
 
 def _asks_for_the_number(task: Task) -> bool:
