@@ -123,3 +123,18 @@ def test_every_config_builds_and_replays_its_golden_cases():
 def test_blackjack_passes_every_check():
     failed = [r.message for r in check_env(FAMILY.builder("gym_blackjack"), max_rows=3, build_rows=6) if r.failed]
     assert not failed, failed
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"world": "lunar_lander"}, "info.world is 'lunar_lander'"),
+    ({"options": {"random_size": 10**6, "is_slippery": False}}, "info.random_size"),
+    ({"options": {"render_mode": "human"}}, "info.options"),
+    ({"move_limit": 10**6}, "info.move_limit"),
+    ({"options": {"map_name": "64x64", "is_slippery": True}}, "info.options.map_name"),
+])
+def test_a_stored_row_cannot_ask_for_what_the_family_does_not_ship(change, field):
+    """Rows are untrusted: a hand-edited row asking for another world, a huge map or limit is refused, never run."""
+    task = task_of("gym_frozen_lake", "4x4", seed=1)
+    task["info"].update(change)
+    with pytest.raises(ValueError, match=field):
+        reset(task)
