@@ -193,7 +193,8 @@ def test_names_output_is_one_name_a_line_for_scripts(fake_family):
 def test_an_unknown_source_is_refused_with_the_known_ones():
     result = hubgym("envs", "--source", "nope")
     assert result.exit_code == 1
-    assert "--source 'nope' is not a source of envs; give one of: builtin, reasoning_gym, textarena" in result.output
+    assert ("--source 'nope' is not a source of envs; give one of: builtin, reasoning_gym, textarena, openspiel, "
+            "gymnasium, entry point") in " ".join(result.output.split())
 
 
 def test_every_registered_family_has_a_prefix():

@@ -46,10 +46,12 @@ BUILTIN_ENVS: dict[str, str] = {
 FAMILIES: dict[str, str] = {
     "reasoning_gym": "hubgym.bridges.reasoning_gym:FAMILY",
     "textarena": "hubgym.bridges.textarena:FAMILY",
+    "openspiel": "hubgym.bridges.openspiel:FAMILY",
+    "gymnasium": "hubgym.bridges.gymnasium:FAMILY",
 }
 """Env families (many envs bridged from one package), as lazy `module:OBJECT` strings; see hubgym.builders.families."""
 
-FAMILY_PREFIXES: dict[str, str] = {"reasoning_gym": "rg_", "textarena": "ta_"}
+FAMILY_PREFIXES: dict[str, str] = {"reasoning_gym": "rg_", "textarena": "ta_", "openspiel": "os_", "gymnasium": "gym_"}
 """The name prefix each family owns, known without importing it: a name is looked up in one family only.
 Every key of FAMILIES has one here, and it must equal the family object's `prefix`."""
 

@@ -46,7 +46,8 @@ class ListFormat(str, Enum):
     names = "names"
 
 
-SOURCE_HELP = "only envs from this source: 'builtin', a family (reasoning_gym, textarena), or 'entry point'"
+SOURCE_HELP = ("only envs from this source: 'builtin', a family (reasoning_gym, textarena, openspiel, gymnasium), or "
+               "'entry point'")
 TAG_HELP = "only envs with this tag (repeatable: every tag given must match)"
 
 
