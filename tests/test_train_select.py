@@ -69,7 +69,7 @@ def sample_logprob(model_dir: Path, rows: list[dict], sample: int) -> float:
 def inverted_verifier(folder: Path) -> Path:
     """arithmetic's verifier, rewarding a wrong answer instead of the right one (what a fixed bug might do)."""
     source = Path(arithmetic_verifier.__file__).read_text()
-    old = "    return [_equals(parse_answer(task, completion), task[\"info\"][\"answer\"])"
+    old = "    return [_equals(_answer(task, completion), task[\"info\"][\"answer\"])"
     assert old in source
     path = folder / "inverted.py"
     path.write_text(source.replace(old, old.replace("return [_equals", "return [1.0 - _equals")))
