@@ -106,7 +106,8 @@ def test_builder_is_one_cached_class_per_game_and_unknown_names_are_refused():
         FAMILY.builder("ta_tower_of_hanoy")
 
 
-SLOW_TO_CHECK = {"ta_sudoku", "ta_frozen_lake"}  # 5-15 s each: boards to build, 103-reply episodes to replay
+SLOW_TO_CHECK = {"ta_sudoku", "ta_frozen_lake",  # 5-15 s each: boards to build, 103-reply episodes to replay
+                 "ta_mastermind"}  # every check, the scoring process's too
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_CHECK else n

@@ -42,6 +42,7 @@ def test_exit_now_does_what_a_normal_exit_does_before_leaving(tmp_path, code, st
     assert done.stderr == ("a message\n" if status == 1 else "")
 
 
+@pytest.mark.slow
 def test_the_command_keeps_its_exit_codes(tmp_path):
     """`hubgym` through its entry point (python -m hubgym): success, a usage error (typer's 2), a hubgym error."""
     def run(*args: str) -> subprocess.CompletedProcess:

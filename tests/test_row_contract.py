@@ -179,6 +179,7 @@ CHANGES = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_the_arrow_check_and_the_row_check_give_the_same_verdict(rows, data):

@@ -271,6 +271,7 @@ rescore(sys.argv[1], out=sys.argv[2], workers=1, progress=lambda done, total: os
 """
 
 
+@pytest.mark.slow
 def test_a_re_score_that_fails_is_stopped_or_is_killed_leaves_out_as_it_found_it(run, tmp_path):
     """All or nothing: shards scored before a bad shard, a Ctrl-C or a SIGKILL never read as OUT's run, and
     the previous re-score in OUT stays whole; a second re-score cannot write to OUT while one runs."""

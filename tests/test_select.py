@@ -68,6 +68,7 @@ def test_every_row_read_is_counted_once_under_the_first_rule_it_breaks(run, rows
     assert "dropped: best_of_group" in table and "dropped: limit" in table
 
 
+@pytest.mark.slow
 def test_random_rule_combinations_keep_exactly_the_rows_the_rules_describe(run, rows):
     """A seeded sweep of selections, each checked against the rules read directly off the rows."""
     rng = random.Random(0)
