@@ -248,8 +248,10 @@ def test_the_docs_trl_example_runs_as_printed(tmp_path):
     block = re.search(r"## TRL.*?```python\n(.*?)```", page, re.S).group(1)
     script = tmp_path / "example.py"
     script.write_text(block)  # its relative paths (out, runs/trl-wordle) land in tmp_path, the working folder
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    fresh = {k: v for k, v in os.environ.items() if k not in launcher}  # a user's shell, not this worker's trainer's
+    from hubgym.engines.offline import RENDEZVOUS_VARIABLES
+
+    # a user's shell, not this worker's: an earlier training test's store still holds its MASTER_PORT
+    fresh = {k: v for k, v in os.environ.items() if k not in RENDEZVOUS_VARIABLES}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=900,
                           env={**fresh, "TRL_EXPERIMENTAL_SILENCE": "1"})
     assert done.returncode == 0, done.stderr[-3000:]

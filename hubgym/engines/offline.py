@@ -339,13 +339,16 @@ def _frozen_heap(separate_core: bool) -> Iterator[None]:
         gc.unfreeze()
 
 
+RENDEZVOUS_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                        "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+"""The process group variables a launcher (torchrun, deepspeed) or hubgym's own one-process group sets."""
+
+
 @contextlib.contextmanager
 def _without_rendezvous_env() -> Iterator[None]:
     """A trainer's process group variables (RANK, MASTER_PORT, ...) would make vLLM's engine process join or
     collide with the trainer's process group: vLLM starts (and restarts) without them."""
-    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK",
-             "ROLE_RANK", "TORCHELASTIC_RUN_ID")
-    saved = {k: os.environ.pop(k) for k in names if k in os.environ}
+    saved = {k: os.environ.pop(k) for k in RENDEZVOUS_VARIABLES if k in os.environ}
     try:
         yield
     finally:
