@@ -19,6 +19,10 @@ initial weights and seed, on one vLLM engine shared by all (each run loads its w
 Held-out: the 32 test sums, `--eval-n` samples each, after the offline phase and every `--eval-every` online
 steps. The table gives each arm's mean held-out reward over seeds against online steps, and the online steps
 it needs to reach the online-only arm's final reward (the goal: at most half of them).
+
+A rerun with the same `--out` resumes: the dataset (`dataset.json`) and every finished run (`curves.jsonl`, one
+line per seed and arm, with the settings it ran under) are reused, so arms and seeds can be added a few at a time
+(`--arms grpo --seeds 2`) and the table is always over every finished run with the current settings.
 """
 
 from __future__ import annotations
@@ -51,6 +55,17 @@ ARMS = {
     "grpo": ["offline.loss=grpo"],
     "grpo+select": ["offline.loss=grpo", "offline.select.min_reward=1"],
 }
+
+
+def dataset(model: str, out: Path, n: int, engine) -> tuple[str, dict]:
+    """The dataset this `--out` already has (dataset.json), else a new one, recorded there."""
+    record = out / "dataset.json"
+    if record.exists():
+        saved = json.loads(record.read_text())
+        return saved["ref"], saved["figures"]
+    ref, figures = make_dataset(model, out, n, engine)
+    record.write_text(json.dumps({"ref": ref, "figures": figures}))
+    return ref, figures
 
 
 def make_dataset(model: str, out: Path, n: int, engine) -> tuple[str, dict]:
@@ -101,6 +116,28 @@ def run_arm(arm: str, seed: int, args, model: str, ref: str, out: Path, engine) 
     return rewards
 
 
+def settings(args, ref: str) -> dict:
+    """What a run's curve depends on besides its seed and arm: a finished run is reused only under the same."""
+    return {"ref": ref, "offline_steps": args.offline_steps, "online_steps": args.online_steps,
+            "eval_every": args.eval_every, "eval_n": args.eval_n}
+
+
+def finished_runs(out: Path, wanted: dict) -> dict[tuple[int, str], dict[int, float]]:
+    """{(seed, arm): curve} of the runs curves.jsonl holds under these settings."""
+    path = out / "curves.jsonl"
+    runs = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        if record["settings"] == wanted:
+            runs[record["seed"], record["arm"]] = {int(step): reward for step, reward in record["curve"].items()}
+    return runs
+
+
+def record_run(out: Path, wanted: dict, seed: int, arm: str, curve: dict[int, float]) -> None:
+    with open(out / "curves.jsonl", "a") as f:
+        f.write(json.dumps({"seed": seed, "arm": arm, "settings": wanted, "curve": curve}) + "\n")
+
+
 def steps_to_reach(curve: dict[int, float], target: float) -> int | None:
     return next((step for step in sorted(curve) if curve[step] >= target - 1e-9), None)
 
@@ -131,18 +168,20 @@ def plot(curves: dict[str, dict[int, list[float]]], path: Path, offline_steps: i
     plt.close(fig)
 
 
-def table(curves: dict[str, dict[int, list[float]]], seeds: list[int]) -> str:
+def table(curves: dict[str, dict[int, list[float]]], seeds: dict[str, list[int]]) -> str:
     steps = sorted({s for c in curves.values() for s in c})
     final = statistics.mean(curves["online"][max(curves["online"])])
     columns = " | ".join(f"after {s} online" for s in steps)
-    head = f"| arm | {columns} | online steps to reach online-only's final |"
-    lines = [head, "|" + " --- |" * (len(steps) + 2)]
+    head = f"| arm | seeds | {columns} | online steps to reach online-only's final |"
+    lines = [head, "|" + " --- |" * (len(steps) + 3)]
     for arm, by_step in curves.items():
         means = {s: statistics.mean(v) for s, v in by_step.items()}
         cells = [f"{means[s]:.3f} ({min(by_step[s]):.2f}-{max(by_step[s]):.2f})" if s in means else "-" for s in steps]
         reach = steps_to_reach(means, final)
-        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {reach if reach is not None else 'not reached'} |")
-    return "\n".join(lines) + f"\n\nMeans over seeds {seeds} (min-max in brackets); online-only's final: {final:.3f}."
+        reached = reach if reach is not None else "not reached"
+        lines.append(f"| {arm} | {' '.join(map(str, seeds[arm]))} | " + " | ".join(cells) + f" | {reached} |")
+    return "\n".join(lines) + f"\n\nMeans over each arm's seeds (min-max in brackets); online-only's final: " \
+        f"{final:.3f}."
 
 
 def main() -> None:
@@ -166,32 +205,41 @@ def main() -> None:
     engine = make_engine("vllm", model, max_model_len=512, settings=EngineSettings(dtype="float32"),
                          separate_core=True)
     try:
-        ref, data = make_dataset(model, args.out, DATA_N, engine)
+        ref, data = dataset(model, args.out, DATA_N, engine)
         print(f"dataset {ref}: {data}", flush=True)
-        curves: dict[str, dict[int, list[float]]] = {arm: {} for arm in args.arms}
+        wanted = settings(args, ref)
+        done = finished_runs(args.out, wanted)
         for seed in args.seeds:
             for arm in args.arms:
-                for step, reward in run_arm(arm, seed, args, model, ref, args.out, engine).items():
-                    curves[arm].setdefault(step, []).append(reward)
-                print(f"seed {seed} {arm}: {({s: round(v[-1], 3) for s, v in sorted(curves[arm].items())})}",
+                if (seed, arm) in done:
+                    continue
+                done[seed, arm] = run_arm(arm, seed, args, model, ref, args.out, engine)
+                record_run(args.out, wanted, seed, arm, done[seed, arm])
+                print(f"seed {seed} {arm}: {({s: round(v, 3) for s, v in sorted(done[seed, arm].items())})}",
                       flush=True)
     finally:
         engine.close()
     minutes = (time.perf_counter() - started) / 60
+    curves: dict[str, dict[int, list[float]]] = {arm: {} for arm in ARMS if any(a == arm for _, a in done)}
+    seeds = {arm: sorted(seed for seed, a in done if a == arm) for arm in curves}
+    for (seed, arm), curve in sorted(done.items()):
+        for step, reward in curve.items():
+            curves[arm].setdefault(step, []).append(reward)
     png = Path(__file__).with_name("offline-online.png")
     plot(curves, png, args.offline_steps)
-    body = report(curves, args, data, minutes)
+    body = report(curves, seeds, args, data, minutes)
     print(body)
     if not args.no_write:
         write_section(HEADING, body)
 
 
-def report(curves, args, data: dict, minutes: float) -> str:
+def report(curves, seeds: dict[str, list[int]], args, data: dict, minutes: float) -> str:
     load = os.getloadavg()[0]
     return f"""Machine: {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, no GPU; Python \
-{platform.python_version()}; {dt.date.today()}; load average {load:.1f} when written; {minutes:.0f} minutes in all.
+{platform.python_version()}; {dt.date.today()}; load average {load:.1f} when written; {minutes:.0f} \
+minutes in the last invocation (earlier invocations' runs are reused from `--out`).
 
-Method: `python bench/bench_offline.py --seeds {' '.join(map(str, args.seeds))} --offline-steps {args.offline_steps} \
+Method: `python bench/bench_offline.py --offline-steps {args.offline_steps} \
 --online-steps {args.online_steps} --eval-every {args.eval_every} --eval-n {args.eval_n}`. SmolLM2-135M-Instruct,
 the shipped `smollm2-sums` config (lr 1e-5, 8 groups x 8 samples a step, 32 tokens a reply). The dataset, made
 once: {data['rows']} rollouts ({DATA_N} of each training sum, {data['tokens']:,} sampled tokens, \
@@ -200,7 +248,7 @@ Every offline arm takes {args.offline_steps} offline steps of 8 groups, then {ar
 held-out: the 32 test sums x {args.eval_n} samples, evaluated after the offline phase (column 0) and every \
 {args.eval_every} online steps.
 
-{table(curves, args.seeds)}
+{table(curves, seeds)}
 
 ![offline then online](offline-online.png)
 """
