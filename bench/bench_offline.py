@@ -38,6 +38,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
@@ -57,13 +58,13 @@ ARMS = {
 }
 
 
-def dataset(model: str, out: Path, n: int, engine) -> tuple[str, dict]:
+def dataset(model: str, out: Path, n: int, engine: Callable[[], Any]) -> tuple[str, dict]:
     """The dataset this `--out` already has (dataset.json), else a new one, recorded there."""
     record = out / "dataset.json"
     if record.exists():
         saved = json.loads(record.read_text())
         return saved["ref"], saved["figures"]
-    ref, figures = make_dataset(model, out, n, engine)
+    ref, figures = make_dataset(model, out, n, engine())
     record.write_text(json.dumps({"ref": ref, "figures": figures}))
     return ref, figures
 
@@ -202,8 +203,14 @@ def main() -> None:
 
     model = resolve_model("smollm2-135m", setting="the benchmark's model")
     started = time.perf_counter()
-    engine = make_engine("vllm", model, max_model_len=512, settings=EngineSettings(dtype="float32"),
-                         separate_core=True)
+    engines = []  # started on first need: a rerun whose runs are all in --out only writes the table
+
+    def engine():
+        if not engines:
+            engines.append(make_engine("vllm", model, max_model_len=512, settings=EngineSettings(dtype="float32"),
+                                       separate_core=True))
+        return engines[0]
+
     try:
         ref, data = dataset(model, args.out, DATA_N, engine)
         print(f"dataset {ref}: {data}", flush=True)
@@ -213,12 +220,13 @@ def main() -> None:
             for arm in args.arms:
                 if (seed, arm) in done:
                     continue
-                done[seed, arm] = run_arm(arm, seed, args, model, ref, args.out, engine)
+                done[seed, arm] = run_arm(arm, seed, args, model, ref, args.out, engine())
                 record_run(args.out, wanted, seed, arm, done[seed, arm])
                 print(f"seed {seed} {arm}: {({s: round(v, 3) for s, v in sorted(done[seed, arm].items())})}",
                       flush=True)
     finally:
-        engine.close()
+        for started_engine in engines:
+            started_engine.close()
     minutes = (time.perf_counter() - started) / 60
     curves: dict[str, dict[int, list[float]]] = {arm: {} for arm in ARMS if any(a == arm for _, a in done)}
     seeds = {arm: sorted(seed for seed, a in done if a == arm) for arm in curves}
