@@ -64,8 +64,10 @@ def dataset(model: str, out: Path, n: int, engine: Callable[[], Any]) -> tuple[s
     if record.exists():
         saved = json.loads(record.read_text())
         return saved["ref"], saved["figures"]
+    from hubgym.files import atomic_write_bytes
+
     ref, figures = make_dataset(model, out, n, engine())
-    record.write_text(json.dumps({"ref": ref, "figures": figures}))
+    atomic_write_bytes(record, json.dumps({"ref": ref, "figures": figures}).encode())  # a kill leaves none or all
     return ref, figures
 
 
@@ -124,10 +126,12 @@ def settings(args, ref: str) -> dict:
 
 
 def finished_runs(out: Path, wanted: dict) -> dict[tuple[int, str], dict[int, float]]:
-    """{(seed, arm): curve} of the runs curves.jsonl holds under these settings."""
+    """{(seed, arm): curve} of the runs curves.jsonl holds under these settings (a line without its newline, which
+    no run of record_run leaves, is not read)."""
     path = out / "curves.jsonl"
+    text = path.read_text() if path.exists() else ""
     runs = {}
-    for line in path.read_text().splitlines() if path.exists() else []:
+    for line in text[:text.rfind("\n") + 1].splitlines():
         record = json.loads(line)
         if record["settings"] == wanted:
             runs[record["seed"], record["arm"]] = {int(step): reward for step, reward in record["curve"].items()}
@@ -135,8 +139,13 @@ def finished_runs(out: Path, wanted: dict) -> dict[tuple[int, str], dict[int, fl
 
 
 def record_run(out: Path, wanted: dict, seed: int, arm: str, curve: dict[int, float]) -> None:
-    with open(out / "curves.jsonl", "a") as f:
-        f.write(json.dumps({"seed": seed, "arm": arm, "settings": wanted, "curve": curve}) + "\n")
+    """Add a finished run to curves.jsonl, rewritten whole and atomically (a torn line left by a kill dropped)."""
+    from hubgym.files import atomic_write_bytes
+
+    path = out / "curves.jsonl"
+    text = path.read_text() if path.exists() else ""
+    line = json.dumps({"seed": seed, "arm": arm, "settings": wanted, "curve": curve})
+    atomic_write_bytes(path, (text[:text.rfind("\n") + 1] + line + "\n").encode())
 
 
 def steps_to_reach(curve: dict[int, float], target: float) -> int | None:
@@ -228,11 +237,12 @@ def main() -> None:
         for started_engine in engines:
             started_engine.close()
     minutes = (time.perf_counter() - started) / 60
-    curves: dict[str, dict[int, list[float]]] = {arm: {} for arm in ARMS if any(a == arm for _, a in done)}
-    seeds = {arm: sorted(seed for seed, a in done if a == arm) for arm in curves}
-    for (seed, arm), curve in sorted(done.items()):
+    curves: dict[str, dict[int, list[float]]] = {}
+    seeds: dict[str, list[int]] = {}
+    for (seed, arm), curve in sorted(done.items(), key=lambda run: (list(ARMS).index(run[0][1]), run[0][0])):
+        seeds.setdefault(arm, []).append(seed)
         for step, reward in curve.items():
-            curves[arm].setdefault(step, []).append(reward)
+            curves.setdefault(arm, {}).setdefault(step, []).append(reward)
     png = Path(__file__).with_name("offline-online.png")
     plot(curves, png, args.offline_steps)
     body = report(curves, seeds, args, data, minutes)
