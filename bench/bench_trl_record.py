@@ -8,7 +8,8 @@ one hubgym env (`--env`, default `arithmetic:tiny`, its verifier as the reward t
 seed, batch and settings: `--prompts` prompts x `--n` samples a step, at most `--max-tokens` new tokens,
 temperature 1, one process on the CPU. The only difference: one side calls `env.record(trainer, out)` before
 `trainer.train()`, so every generation batch is also stored as hubgym rows (its forward hook reads the sampling
-logprobs as the model generates; a background thread builds, audits and writes the rows).
+logprobs as the model generates; the step builds the rows and a writer process at the lowest CPU priority audits
+and writes them).
 
 Each side runs in its own child process, one after the other, and the pair is run `--rounds` times with the order
 alternating (plain first, then recorded first...), so a machine that slows down or speeds up during the run weighs
@@ -16,9 +17,9 @@ on both sides alike. A step is timed by a TrainerCallback from `on_step_begin` t
 scoring, the recorder's hand-off, loss, backward, optimizer step); the first `--warmup` steps of each child are
 not counted. Reported: the median step of each side over all rounds, their ratio (recorded / plain), the same per
 round (how much the pair differs from round to round), and the recorder's own time, measured inside the
-recorded side: on the step's path (its logprob hook during generation and the hand-off of each batch to its
+recorded side: on the step's path (its logprob hook during generation and building each batch's rows and handing them to its
 writer), as seconds a step and as a share of the step, which load on the machine moves far less than the A/B ratio;
-and beside it, the seconds its writer thread spent building, auditing and writing a step's rows.
+and beside it, the seconds its writer process spent auditing and writing a step's rows.
 """
 
 from __future__ import annotations
@@ -160,7 +161,7 @@ def table(rows: list[dict]):
 
     t = Table("model", "steps a side", "s / step plain", "s / step recorded", "recorded / plain",
               "per round (recorded / plain)", "recorder on the step's path, s / step (share)",
-              "writer s / step (beside it)", "rows stored a child",
+              "writer process s / step (beside it)", "rows stored a child",
               title="one TRL GRPO step, median over the measured steps of every round")
     for r in rows:
         t.add_row(r["model"], str(r["steps"]), f"{r['plain_s']:.3f}", f"{r['recorded_s']:.3f}", f"{r['ratio']:.3f}",

@@ -14,9 +14,10 @@ the one that holds the dataset rows and, when it returns, the rewards. The recor
 is given (instance attributes; the class is untouched) and passes everything through unchanged: training is what
 it would be without it. TRL's transformers generation keeps no logprobs, so `_generate_single_turn` is wrapped too,
 with a forward hook that reads them as the model computes them (hubgym.integrations.trl_logprobs); with vLLM, TRL's
-own are stored. The rows of a batch are built and written by a background thread (the token audit, Arrow
-encoding, an fsync), so the step does not wait for the disk; `close()` (called when training ends, and at exit)
-writes what is queued and the manifest.
+own are stored. The step builds its batch's rows (a few milliseconds: it holds the verifier) and hands them to a
+writer process at the lowest CPU priority, which audits the tokens, encodes and writes them
+(hubgym.integrations.trl_writer), so the step waits neither for the disk nor for a thread holding the GIL;
+`close()` (called when training ends, and at exit) waits until everything queued is written with the manifest.
 
 The run folder is a hubgym run: one worker per TRL process (`w<rank>of<world>`), its lock held while training, the
 run id a hash of the model, env and the TRL settings that shape what is sampled, so a second run with other
@@ -30,8 +31,6 @@ import atexit
 import copy
 import hashlib
 import json
-import queue
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,8 @@ from typing import Any
 from hubgym.errors import IntegrationError
 from hubgym.integrations.trl_messages import INSTALL, TASK_COLUMN
 from hubgym.integrations.trl_logprobs import GenerateCall, LogprobTap, splice
-from hubgym.integrations.trl_rows import GenerationBatch, RunContext, batch_rows, manifest
+from hubgym.integrations.trl_rows import GenerationBatch, RunContext, batch_rows, manifest_fields
+from hubgym.integrations.trl_writer import RowSink, WriterProcess, WriterSetup
 
 WRAPPED = ("_generate_and_score_completions", "_generate", "_generate_single_turn")
 RUN_SETTINGS = ("seed", "learning_rate", "num_generations", "per_device_train_batch_size",
@@ -65,7 +65,8 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
     @classmethod
     def attach(cls, trainer: Any, env: Any, out: str | Path, *, run_id: str | None = None,
                background: bool = True) -> TRLRecorder:
-        """Wrap `trainer`'s generation and start recording into `out` (`env`: the TRLEnv it trains on)."""
+        """Wrap `trainer`'s generation and start recording into `out` (`env`: the TRLEnv it trains on).
+        `background=False` audits and writes each batch on the step's own path (for debugging a recording)."""
         missing = [name for name in WRAPPED if not callable(getattr(trainer, name, None))]
         if missing or not hasattr(trainer, "state"):
             import trl
@@ -79,18 +80,19 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         return recorder
 
     def __init__(self, trainer: Any, env: Any, out: Path, run_id: str, background: bool):
-        from hubgym.rollout.writer import ShardWriter, worker_name
+        from hubgym.rollout.writer import worker_name
 
         super().__init__()
         self.trainer, self.env, self.out, self.run_id = trainer, env, out, run_id
         accelerator = trainer.accelerator
-        self.writer = ShardWriter(out, worker_name(accelerator.process_index, accelerator.num_processes),
-                                  run_id=run_id)
-        self.stored = self.writer.existing_ids()
         self.context = run_context(trainer, env, run_id)
-        self.rows_written, self.batches, self.last_step, self.error = 0, 0, 0, None
-        self.write_s = 0.0  # seconds spent building and writing rows (off the step's path with a background thread)
-        self.path_s = 0.0  # seconds the recorder adds to the step's own path: the logprob hook, the hand-off
+        setup = WriterSetup(out, worker_name(accelerator.process_index, accelerator.num_processes), run_id,
+                            self.context.renderer, self.context.tool_schemas, manifest_fields(self.context))
+        self.sink: RowSink | WriterProcess = WriterProcess(setup) if background else RowSink(setup)
+        self.rows_written: int | None = 0  # rows in the run folder's part of this worker, counted when it closes
+        self.batches, self.last_step, self.error = 0, 0, None
+        self.write_s = 0.0  # seconds the writer spent auditing and writing rows (off the step's path in background)
+        self.path_s = 0.0  # seconds the recorder adds to the step's own path: the logprob hook, building the rows
         self._at_step: tuple[int, int] = (-1, 0)  # (global step, batches generated at it so far)
         self._calls: list[GenerateCall] = []
         self._generation: dict[str, Any] | None = None
@@ -99,11 +101,6 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         trainer._generate_and_score_completions = self._generate_and_score
         trainer._generate = self._generate
         trainer._generate_single_turn = self._single_turn
-        self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._write_loop, name="hubgym-trl-recorder", daemon=True) \
-            if background else None
-        if self._thread is not None:
-            self._thread.start()
         self._closed = False
         atexit.register(self.close)
 
@@ -124,7 +121,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
             self._tapping = False
         if self._generation is not None:
             handed = time.perf_counter()
-            self._queue_batch(inputs, handed - started)
+            self._hand_over(inputs, handed - started)
             self.path_s += time.perf_counter() - handed
         return output
 
@@ -151,8 +148,8 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         self.path_s += tap.seconds + time.perf_counter() - started
         return completion_ids, logprobs
 
-    def _queue_batch(self, inputs: list[dict[str, Any]], seconds: float) -> None:
-        """Take what this batch made (cheap references and lists) and hand it to the writer."""
+    def _hand_over(self, inputs: list[dict[str, Any]], seconds: float) -> None:
+        """Build this batch's rows from what it made and hand them to the writer."""
         gen, trainer = self._generation, self.trainer
         environments = list(trainer.environments) if getattr(trainer, "environments", None) else [None] * len(inputs)
         tasks = [x[TASK_COLUMN] for x in inputs]
@@ -164,11 +161,12 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
             step=step, index=index, inputs=[dict(x) for x in inputs], prompts=gen["prompts"],
             prompt_ids=gen["prompt_ids"], completion_ids=gen["completion_ids"], tool_mask=gen["tool_mask"],
             completions=gen["completions"], logprobs=self._logprobs(gen), scores=scores, seconds=seconds)
-        self.last_step = step
-        if self._thread is None:
-            self._store(batch)
+        self.last_step, self.batches = step, self.batches + 1
+        if isinstance(self.sink, RowSink):
+            self.sink.store(batch_rows(batch, self.context), step)
+            self.write_s = self.sink.seconds
         else:
-            self._queue.put(batch)
+            self.sink.put(batch_rows(batch, self.context), step)
 
     def _logprobs(self, gen: dict[str, Any]) -> list[list[float] | None]:
         """TRL's own (vLLM), else the tapped ones laid on the final completions."""
@@ -181,57 +179,22 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         return [splice(self._calls, i, list(gen["prompt_ids"][i]), list(gen["completion_ids"][i]), list(masks[i]))
                 for i in range(rows)]
 
-    # -- the writer --------------------------------------------------------------------------------------------
-
-    def _write_loop(self) -> None:
-        while True:
-            batch = self._queue.get()
-            try:
-                if batch is None:
-                    return
-                self._store(batch)
-            except Exception as exc:  # kept, raised by close(): a recorder never stops TRL mid-step
-                self.error = exc
-            finally:
-                self._queue.task_done()
-
-    def _store(self, batch: GenerationBatch) -> None:
-        started = time.perf_counter()
-        rows = [r for r in batch_rows(batch, self.context) if r["rollout_id"] not in self.stored]
-        groups: dict[str, list] = {}
-        for row in rows:
-            groups.setdefault(row["group"], []).append(row)
-        for group in groups.values():
-            self.writer.add_group(group, flush=False)
-        self.writer.flush()
-        self.writer.write_manifest(manifest(self.context, self.writer, self.last_step))
-        self.stored.update(r["rollout_id"] for r in rows)
-        self.rows_written += len(rows)
-        self.batches += 1
-        self.write_s += time.perf_counter() - started
+    # -- the end -----------------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Write what is queued and the manifest, give the run folder back and unwrap the trainer (idempotent).
-        A write that failed in the background is raised here."""
+        """Unwrap the trainer, wait until the writer has written everything queued and the manifest, and give the
+        run folder back (idempotent). A write that failed is raised here."""
         if self._closed:
             return
         self._closed = True
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
         for name, method in self._originals.items():
             setattr(self.trainer, name, method)
-        try:
-            if self.error is None:
-                self.writer.flush()
-                self.writer.write_manifest(manifest(self.context, self.writer, self.last_step))
-        finally:
-            self.writer.close()
-            atexit.unregister(self.close)
+        atexit.unregister(self.close)
+        stats = self.sink.close()
+        self.rows_written, self.write_s, self.error = stats["rows"], stats["write_s"], stats.get("error")
         if self.error is not None:
-            raise IntegrationError(f"recording into {self.out} failed: {type(self.error).__name__}: {self.error}; "
-                                   f"the rows stored before it are kept", framework="trl",
-                                   setting="out") from self.error
+            raise IntegrationError(f"recording into {self.out} failed: {self.error}; the rows stored before it are "
+                                   f"kept", framework="trl", setting="out")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.close()
@@ -264,8 +227,8 @@ def run_context(trainer: Any, env: Any, run_id: str) -> RunContext:
         trainer, "use_transformers_continuous_batching", False) else "transformers generate"
     renderer = None
     if getattr(trainer, "chat_template", None) in (None, trainer._tokenizer.chat_template):
-        renderer = ChatRenderer(copy.deepcopy(trainer._tokenizer), chat_template_kwargs=kwargs)  # its own copy:
-        # the writer thread encodes while TRL's tokenizer is busy in the training thread
+        renderer = ChatRenderer(copy.deepcopy(trainer._tokenizer), chat_template_kwargs=kwargs)  # its own copy,
+        # for the writer (a process with background=True, this one's step path without)
     return RunContext(
         run_id=run_id, env=env, model=model_name(trainer), sampling=json.loads(json.dumps(sampling, default=str)),
         engine_version=f"trl {trl.__version__} ({backend}), transformers {transformers.__version__}, "

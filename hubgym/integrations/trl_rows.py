@@ -85,8 +85,7 @@ def batch_rows(batch: GenerationBatch, ctx: RunContext) -> list[Rollout]:
 
 
 def _row(batch: GenerationBatch, i: int, task: dict[str, Any], group: str, sample: int, ctx: RunContext) -> Rollout:
-    from hubgym.rollout.tokens import audit_tokens
-
+    """One row; `tokens_consistent` is left True for the writer's token audit (hubgym.integrations.trl_writer)."""
     ids = list(batch.completion_ids[i])
     mask = list(batch.tool_mask[i])[:len(ids)] if batch.tool_mask is not None else [1] * len(ids)
     logprobs = batch.logprobs[i]
@@ -117,8 +116,6 @@ def _row(batch: GenerationBatch, i: int, task: dict[str, Any], group: str, sampl
         "timings": {"generate_s": share, "tools_s": None, "score_s": None, "total_s": share},
         "created_at": dt.datetime.now(dt.timezone.utc),
     }
-    if ctx.renderer is not None:  # the audit every written row gets (hubgym replay's), on the tools TRL rendered
-        row["tokens_consistent"] = audit_tokens(row, ctx.renderer, ctx.tool_schemas).ok
     return row
 
 
@@ -176,15 +173,14 @@ def _failed(content: str | None) -> bool:
     return text.startswith("Error: ") or text.startswith("{'error'")
 
 
-def manifest(ctx: RunContext, writer: Any, last_step: int) -> dict[str, Any]:
-    """The run manifest, as `hubgym rollout` writes it, plus where the run came from."""
+def manifest_fields(ctx: RunContext) -> dict[str, Any]:
+    """The run manifest's fields every write shares, as `hubgym rollout` writes them, plus where the run came from
+    (the writer adds its worker, shards, rows, policy version and time: hubgym.integrations.trl_writer)."""
     env = ctx.env
     return {
-        "schema_version": SCHEMA_VERSION, "run_id": ctx.run_id, "worker": writer.worker, "model": ctx.model,
-        "policy_version": last_step, "sampling": ctx.sampling, "engine": ENGINE, "engine_version": ctx.engine_version,
+        "schema_version": SCHEMA_VERSION, "run_id": ctx.run_id, "model": ctx.model, "sampling": ctx.sampling,
+        "engine": ENGINE, "engine_version": ctx.engine_version,
         "chat_template_sha256": ctx.renderer.template_sha256 if ctx.renderer is not None else None,
         "envs": {env.env: {**env.provenance, "config": env.config, "tasks": len(env.tasks)}}, "split": env.split,
-        "n": ctx.sampling.get("n"), "rows": writer.rows_written, "shards": [p.name for p in writer.shards()],
-        "shard_files": writer.shard_files(), "recorded_from": "trl",
-        "updated_at": dt.datetime.now(dt.timezone.utc).isoformat(),
+        "n": ctx.sampling.get("n"), "recorded_from": "trl",
     }
