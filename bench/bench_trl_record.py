@@ -17,8 +17,9 @@ on both sides alike. A step is timed by a TrainerCallback from `on_step_begin` t
 scoring, the recorder's hand-off, loss, backward, optimizer step); the first `--warmup` steps of each child are
 not counted. Reported: the median step of each side over all rounds, their ratio (recorded / plain), the same per
 round (how much the pair differs from round to round), and the recorder's own time, measured inside the
-recorded side: on the step's path (its logprob hook during generation and building each batch's rows and handing them to its
-writer), as seconds a step and as a share of the step, which load on the machine moves far less than the A/B ratio;
+recorded side: on the step's path (its logprob hook during generation, building each batch's rows and handing
+them to its writer), as seconds a step and as a share of the step, which load on the machine moves far less than
+the A/B ratio;
 and beside it, the seconds its writer process spent auditing and writing a step's rows.
 """
 
