@@ -19,6 +19,8 @@ from hubgym.integrations.trl_writer import NICE, WriterProcess, WriterSetup
 from hubgym.rollout.writer import ShardWriter
 from helpers.rollout_rows import WORKER, group, read_ids
 
+pytestmark = pytest.mark.slow  # each test starts a writer process (a few seconds of imports)
+
 TRAINER_KILLED = """
 import os, signal, sys
 from pathlib import Path
