@@ -20,7 +20,7 @@ round (how much the pair differs from round to round), and the recorder's own ti
 recorded side: on the step's path (its logprob hook during generation, building each batch's rows and handing
 them to its writer), as seconds a step and as a share of the step, which load on the machine moves far less than
 the A/B ratio;
-and beside it, the seconds its writer process spent auditing and writing a step's rows.
+and beside it, the CPU seconds its writer process spent auditing and writing a step's rows.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ def table(rows: list[dict]):
 
     t = Table("model", "steps a side", "s / step plain", "s / step recorded", "recorded / plain",
               "per round (recorded / plain)", "recorder on the step's path, s / step (share)",
-              "writer process s / step (beside it)", "rows stored a child",
+              "writer process CPU s / step (beside it)", "rows stored a child",
               title="one TRL GRPO step, median over the measured steps of every round")
     for r in rows:
         t.add_row(r["model"], str(r["steps"]), f"{r['plain_s']:.3f}", f"{r['recorded_s']:.3f}", f"{r['ratio']:.3f}",

@@ -91,7 +91,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
         self.sink: RowSink | WriterProcess = WriterProcess(setup) if background else RowSink(setup)
         self.rows_written: int | None = 0  # rows in the run folder's part of this worker, counted when it closes
         self.batches, self.last_step, self.error = 0, 0, None
-        self.write_s = 0.0  # seconds the writer spent auditing and writing rows (off the step's path in background)
+        self.write_s = 0.0  # CPU seconds the writer spent auditing and writing rows (off the step's path in background)
         self.path_s = 0.0  # seconds the recorder adds to the step's own path: the logprob hook, building the rows
         self._at_step: tuple[int, int] = (-1, 0)  # (global step, batches generated at it so far)
         self._calls: list[GenerateCall] = []
