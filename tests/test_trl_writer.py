@@ -96,6 +96,21 @@ def test_a_trainer_killed_with_sigkill_leaves_every_row_it_handed_over_written(t
     ShardWriter(tmp_path, WORKER, run_id="run").close()  # the folder's lock was given back
 
 
+def test_a_process_forked_from_the_trainer_does_not_keep_the_writer_from_finishing(tmp_path):
+    writer = WriterProcess(setup(tmp_path))
+    writer.put(group(0), 0)
+    forked = os.fork()  # as a DataLoader worker is: it holds a copy of every descriptor the trainer had
+    if forked == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        stats = writer.close()  # returns once the writer has finished, while the fork still lives
+        assert stats["rows"] == 2 and os.waitpid(forked, os.WNOHANG) == (0, 0)
+    finally:
+        os.kill(forked, signal.SIGKILL)
+        os.waitpid(forked, 0)
+
+
 def test_a_second_writer_on_the_same_folder_is_refused_when_it_starts(tmp_path):
     first = WriterProcess(setup(tmp_path))
     try:

@@ -155,6 +155,7 @@ class WriterProcess:
         self._stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self._stderr, env=_child_env())
+        self._input = _ForkGuard(self.process.stdin.fileno())
         try:
             self._send(setup)
             answer = self._receive()
@@ -183,6 +184,7 @@ class WriterProcess:
         """End the input, wait for the child to write everything; its counts and error (None if all went well)."""
         self._queue.put(None)
         self._feeder.join()
+        self._input.fd = None
         try:
             self.process.stdin.close()
         except BrokenPipeError:
@@ -222,6 +224,21 @@ class WriterProcess:
         self._stderr.seek(0)
         lines = self._stderr.read().decode(errors="replace").strip().splitlines()
         return lines[-1] if lines else ""
+
+
+class _ForkGuard:
+    """A process forked from the trainer (a DataLoader worker, say) inherits the writer's input, and while it holds
+    it open the writer never sees its input end: in every fork, the open input is pointed at /dev/null."""
+
+    def __init__(self, fd: int):
+        self.fd: int | None = fd  # None once closed (the number may then be another file's)
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _forget(self) -> None:
+        if self.fd is not None:
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, self.fd)
+            os.close(null)
 
 
 def _child_env() -> dict[str, str]:
