@@ -136,12 +136,13 @@ def test_two_processes_converting_at_once_convert_once_and_a_killed_conversion_l
     env = {**os.environ, "HUBGYM_CACHE": str(tmp_path), "OMP_NUM_THREADS": "1"}
     code = "from hubgym.models.smollm2 import smollm2_folder; print('folder', smollm2_folder())"
     killed = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
-    for _ in range(600):  # until its temporary folder appears: it is writing
-        if list(tmp_path.glob(".smollm2-135m-instruct-*/*")):
+    for _ in range(600):  # until its temporary folder appears: it has begun to convert
+        if list(tmp_path.glob(".smollm2-135m-instruct-*")):
             break
         killed.wait(timeout=0.1) if killed.poll() is not None else __import__("time").sleep(0.1)
     killed.kill()
     killed.wait()
+    assert list(tmp_path.glob(".smollm2-135m-instruct-*"))  # its leftovers, for the next conversion to remove
     assert not (tmp_path / "smollm2-135m-instruct").exists()
 
     both = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
