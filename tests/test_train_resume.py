@@ -16,13 +16,13 @@ from safetensors.torch import load_file
 from helpers.scored_runs import make_run
 
 pytestmark = pytest.mark.slow
-STEPS = 150
+STEPS = 60
 
 
 def train_command(model: Path, rollouts: Path, out: Path) -> list[str]:
     script = Path(sys.executable).with_name("hubgym")
     sets = [f"model={model}", f"output_dir={out}", f"offline.sources=[{rollouts}]", f"offline.steps={STEPS}",
-            "eval.limit=0", "checkpoint_every=10", "batch.groups_per_step=2", "grpo.n=2", "log.every=1000"]
+            "eval.limit=0", "checkpoint_every=5", "batch.groups_per_step=2", "grpo.n=2", "log.every=1000"]
     return [str(script), "train", *[arg for s in sets for arg in ("--set", s)]]
 
 
@@ -46,12 +46,12 @@ def test_killed_run_resumes_to_the_same_weights(tiny_model, tmp_path):
     proc = subprocess.Popen(train_command(tiny_model, rollouts, killed), env=env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600
-    while latest_step(killed) < 19 and proc.poll() is None and time.monotonic() < deadline:
+    while latest_step(killed) < 9 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     at_kill = latest_step(killed)
-    assert 19 <= at_kill < STEPS - 1  # killed mid-run, after a checkpoint
+    assert 9 <= at_kill < STEPS - 1  # killed mid-run, after a checkpoint
     assert not (killed / "model").exists()
 
     resumed = subprocess.run(train_command(tiny_model, rollouts, killed), env=env(), capture_output=True, text=True,
