@@ -19,7 +19,7 @@ writer process at the lowest CPU priority, which audits the tokens, encodes and 
 (hubgym.integrations.trl_writer), so the step waits neither for the disk nor for a thread holding the GIL;
 `close()` (called when training ends, and at exit) waits until everything queued is written with the manifest.
 
-The run folder is a hubgym run: one worker per TRL process (`w<rank>of<world>`), its lock held while training, the
+The run folder is a hubgym run: one worker per TRL process (`w<rank>of<world>`), its lock held by its writer, the
 run id a hash of the model, env and the TRL settings that shape what is sampled, so a second run with other
 settings is refused rather than mixed in. Rows already stored (a re-run) are not written twice. Eval batches are
 not recorded.
