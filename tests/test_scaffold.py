@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hubgym.cli import app
-from hubgym.conformance import CHECKS, check_env
+from hubgym.conformance import CHECKS
 
 KINDS = ["single_turn", "tool_use", "multi_turn"]
 FILES = ["README.md", "__init__.py", "builder.py", "golden.jsonl", "test_env.py", "verifier.py"]
@@ -37,9 +37,8 @@ def test_init_makes_an_env_of_each_kind_that_passes_check_and_its_own_tests(tmp_
         folder = tmp_path / f"my_{kind}"
         assert sorted(p.name for p in folder.iterdir()) == sorted(FILES + ["tools.py"] * (kind == "tool_use"))
         assert f'KIND = "{kind}"' in (folder / "builder.py").read_text()
-        failed = [r.message for r in check_env(str(folder), max_rows=20) if not r.ok]
-        assert failed == [], kind
-    # several envs side by side: their test_env.py files and one test per check of each env
+    # several envs side by side: their test_env.py files and one test per check of each env (then `hubgym check`
+    # runs every check of all three once more, as a contributor would)
     tested = pytest_in(tmp_path, "--hubgym-env", ".")
     assert tested.returncode == 0, tested.stdout[-3000:] + tested.stderr[-3000:]
     assert f"{3 * len(CHECKS) + 3 * 2} passed" in tested.stdout
