@@ -128,10 +128,8 @@ def settings(args, ref: str) -> dict:
 def finished_runs(out: Path, wanted: dict) -> dict[tuple[int, str], dict[int, float]]:
     """{(seed, arm): curve} of the runs curves.jsonl holds under these settings (a line without its newline, which
     no run of record_run leaves, is not read)."""
-    path = out / "curves.jsonl"
-    text = path.read_text() if path.exists() else ""
     runs = {}
-    for line in text[:text.rfind("\n") + 1].splitlines():
+    for line in whole_lines(out / "curves.jsonl").splitlines():
         record = json.loads(line)
         if record["settings"] == wanted:
             runs[record["seed"], record["arm"]] = {int(step): reward for step, reward in record["curve"].items()}
@@ -143,9 +141,14 @@ def record_run(out: Path, wanted: dict, seed: int, arm: str, curve: dict[int, fl
     from hubgym.files import atomic_write_bytes
 
     path = out / "curves.jsonl"
-    text = path.read_text() if path.exists() else ""
     line = json.dumps({"seed": seed, "arm": arm, "settings": wanted, "curve": curve})
-    atomic_write_bytes(path, (text[:text.rfind("\n") + 1] + line + "\n").encode())
+    atomic_write_bytes(path, (whole_lines(path) + line + "\n").encode())
+
+
+def whole_lines(path: Path) -> str:
+    """The file's text up to its last newline (a torn last line dropped); "" when there is no file."""
+    text = path.read_text() if path.exists() else ""
+    return text[:text.rfind("\n") + 1]
 
 
 def steps_to_reach(curve: dict[int, float], target: float) -> int | None:

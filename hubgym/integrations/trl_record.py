@@ -90,7 +90,7 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
                             self.context.renderer, self.context.tool_schemas, manifest_fields(self.context))
         self.sink: RowSink | WriterProcess = WriterProcess(setup) if background else RowSink(setup)
         self.rows_written: int | None = 0  # rows in the run folder's part of this worker, counted when it closes
-        self.batches, self.last_step, self.error = 0, 0, None
+        self.batches, self.error = 0, None
         self.write_s = 0.0  # CPU seconds the writer spent auditing and writing rows (off the step's path in background)
         self.path_s = 0.0  # seconds the recorder adds to the step's own path: the logprob hook, building the rows
         self._at_step: tuple[int, int] = (-1, 0)  # (global step, batches generated at it so far)
@@ -161,12 +161,8 @@ class TRLRecorder(_trainer_callback_base()):  # type: ignore[misc]
             step=step, index=index, inputs=[dict(x) for x in inputs], prompts=gen["prompts"],
             prompt_ids=gen["prompt_ids"], completion_ids=gen["completion_ids"], tool_mask=gen["tool_mask"],
             completions=gen["completions"], logprobs=self._logprobs(gen), scores=scores, seconds=seconds)
-        self.last_step, self.batches = step, self.batches + 1
-        if isinstance(self.sink, RowSink):
-            self.sink.store(batch_rows(batch, self.context), step)
-            self.write_s = self.sink.seconds
-        else:
-            self.sink.put(batch_rows(batch, self.context), step)
+        self.batches += 1
+        self.sink.put(batch_rows(batch, self.context), step)  # background=False: audited and written right here
 
     def _logprobs(self, gen: dict[str, Any]) -> list[list[float] | None]:
         """TRL's own (vLLM), else the tapped ones laid on the final completions."""

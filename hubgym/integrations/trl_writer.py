@@ -57,7 +57,7 @@ class RowSink:
         self.last_step, self.batches = 0, 0
         self.seconds = 0.0  # CPU seconds auditing and writing (at nice 19 the wall time is mostly waiting for a turn)
 
-    def store(self, rows: list[dict[str, Any]], last_step: int) -> None:
+    def put(self, rows: list[dict[str, Any]], last_step: int) -> None:
         """Audit the rows, buffer them by group, and write what is due (the writer's size and age limits)."""
         from hubgym.rollout.tokens import audit_tokens
 
@@ -128,7 +128,7 @@ def main() -> None:
             break
         if error is None:
             try:
-                sink.store(rows, last_step)
+                sink.put(rows, last_step)
             except Exception as exc:  # kept and answered at the end: the rows stored before it are kept
                 error = f"{type(exc).__name__}: {exc}"
     try:
