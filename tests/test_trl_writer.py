@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -109,6 +110,19 @@ def test_a_process_forked_from_the_trainer_does_not_keep_the_writer_from_finishi
     finally:
         os.kill(forked, signal.SIGKILL)
         os.waitpid(forked, 0)
+
+
+def test_a_batch_cut_off_mid_send_is_dropped_and_every_whole_one_before_it_written(tmp_path):
+    writer = WriterProcess(setup(tmp_path))
+    for task in range(3):
+        writer.put(group(task), task)
+    writer.wait_handed()
+    torn = pickle.dumps((group(3), 3), protocol=pickle.HIGHEST_PROTOCOL)
+    writer.process.stdin.write(torn[:len(torn) // 2])  # what a trainer killed while sending leaves in the pipe
+    writer.process.stdin.flush()
+    stats = writer.close()
+    assert stats["error"] is None and stats["rows"] == 6
+    assert stored_ids(tmp_path) == expected_ids(range(3))
 
 
 def test_a_second_writer_on_the_same_folder_is_refused_when_it_starts(tmp_path):

@@ -124,7 +124,7 @@ def main() -> None:
     while True:
         try:
             rows, last_step = pickle.load(requests)
-        except EOFError:
+        except (EOFError, pickle.UnpicklingError):  # the end, or a trainer killed mid-send: that batch never arrived
             break
         if error is None:
             try:
